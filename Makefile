@@ -1,0 +1,52 @@
+# The two commands: `make run` and `make test`. Everything else is a step of theirs.
+#   make test SANITIZE=1   ASan + UBSan build in build-asan/
+#   make bench             Google Benchmark programs (Release build in build-release/)
+BUILD_TYPE ?= RelWithDebInfo
+SANITIZE ?= 0
+JOBS ?= $(shell nproc)
+
+ifeq ($(SANITIZE),1)
+BUILD_DIR ?= build-asan
+CMAKE_FLAGS += -DGPUFLEET_SANITIZE=ON
+BUILD_TYPE := Debug
+else
+BUILD_DIR ?= build
+endif
+
+CMAKE_FLAGS += -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DGPUFLEET_WERROR=$(if $(CI),ON,OFF)
+GPUFLEET := $(BUILD_DIR)/gpufleet
+
+.PHONY: all deps configure build test run bench format format-check clean
+
+all: build
+
+deps:
+	@scripts/deps.sh
+
+configure: deps
+	cmake -S . -B $(BUILD_DIR) -G Ninja $(CMAKE_FLAGS)
+
+build: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+test: build
+	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS) --timeout 600
+
+# Until the control plane lands, `make run` replays a real cluster trace through the scheduling
+# core and compares the queue-order policies.
+run: build
+	$(GPUFLEET) sim --trace examples/traces/itp-cluster10.csv --nodes 4 --gpus-per-node 8 \
+	  --nodes-per-rack 2 --load 0.9 --compare --plot out/sim.svg
+
+bench:
+	$(MAKE) build BUILD_DIR=build-release BUILD_TYPE=Release
+	build-release/bench/bench_sched --benchmark_min_time=0.2
+
+format:
+	git ls-files '*.cpp' '*.h' | xargs clang-format -i
+
+format-check:
+	git ls-files '*.cpp' '*.h' | xargs clang-format --dry-run --Werror
+
+clean:
+	rm -rf build build-asan build-release

@@ -1,0 +1,530 @@
+#include "sched/allocator.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+#include <stdexcept>
+#include <unordered_map>
+
+namespace gpufleet::sched {
+namespace {
+
+constexpr int32_t kManyTasks = std::numeric_limits<int32_t>::max();
+
+int32_t Intern(std::unordered_map<std::string, int32_t>& ids, const std::string& name) {
+  auto [it, inserted] = ids.emplace(name, static_cast<int32_t>(ids.size()));
+  return it->second;
+}
+
+}  // namespace
+
+Allocator::Allocator(const Cluster& cluster) : cluster_(cluster) {
+  std::unordered_map<std::string, int32_t> model_ids;
+  std::unordered_map<std::string, int32_t> rack_ids;
+  std::unordered_map<std::string, int32_t> spine_ids;
+  nodes_.resize(cluster.nodes.size());
+  for (size_t n = 0; n < cluster.nodes.size(); ++n) {
+    const Node& node = cluster.nodes[n];
+    NodeState& state = nodes_[n];
+    state.free_cpu = node.cpu_milli;
+    state.free_memory = node.memory_mib;
+    state.gpu_begin = static_cast<int32_t>(gpu_free_.size());
+    state.gpu_count = static_cast<int32_t>(node.gpus.size());
+    state.schedulable = node.schedulable;
+    state.rack = Intern(rack_ids, node.rack);
+    // Spine names are only unique together with nothing else: racks of one spine share it.
+    state.spine = Intern(spine_ids, node.spine);
+    max_gpus_per_node_ = std::max(max_gpus_per_node_, state.gpu_count);
+    for (const Gpu& gpu : node.gpus) {
+      const int32_t model = Intern(model_ids, gpu.model);
+      if (model >= 64) throw std::invalid_argument("more than 64 distinct GPU models in a cluster");
+      const bool usable = node.schedulable && gpu.healthy;
+      gpu_free_.push_back(kMilliPerGpu);
+      gpu_model_.push_back(static_cast<uint8_t>(model));
+      gpu_memory_.push_back(gpu.memory_mib);
+      gpu_island_.push_back(gpu.nvlink_island);
+      gpu_node_.push_back(static_cast<int32_t>(n));
+      gpu_usable_.push_back(usable ? 1 : 0);
+      if (usable) {
+        ++state.free_whole;
+        usable_gpu_milli_total_ += kMilliPerGpu;
+      }
+    }
+  }
+  free_gpu_milli_total_ = usable_gpu_milli_total_;
+  model_names_.resize(model_ids.size());
+  for (const auto& [name, id] : model_ids) model_names_[static_cast<size_t>(id)] = name;
+
+  rack_nodes_.resize(rack_ids.size());
+  spine_nodes_.resize(spine_ids.size());
+  rack_free_whole_.assign(rack_ids.size(), 0);
+  spine_free_whole_.assign(spine_ids.size(), 0);
+  buckets_.resize(static_cast<size_t>(max_gpus_per_node_) + 1);
+  bucket_pos_.assign(nodes_.size(), -1);
+  for (int32_t n = 0; n < static_cast<int32_t>(nodes_.size()); ++n) {
+    const NodeState& state = nodes_[static_cast<size_t>(n)];
+    rack_nodes_[static_cast<size_t>(state.rack)].push_back(n);
+    spine_nodes_[static_cast<size_t>(state.spine)].push_back(n);
+    rack_free_whole_[static_cast<size_t>(state.rack)] += state.free_whole;
+    spine_free_whole_[static_cast<size_t>(state.spine)] += state.free_whole;
+    if (state.schedulable) BucketInsert(n);
+  }
+}
+
+void Allocator::BucketInsert(int32_t node) {
+  auto& bucket = buckets_[static_cast<size_t>(nodes_[static_cast<size_t>(node)].free_whole)];
+  bucket_pos_[static_cast<size_t>(node)] = static_cast<int32_t>(bucket.size());
+  bucket.push_back(node);
+}
+
+void Allocator::BucketRemove(int32_t node) {
+  auto& bucket = buckets_[static_cast<size_t>(nodes_[static_cast<size_t>(node)].free_whole)];
+  const int32_t pos = bucket_pos_[static_cast<size_t>(node)];
+  const int32_t last = bucket.back();
+  bucket[static_cast<size_t>(pos)] = last;
+  bucket_pos_[static_cast<size_t>(last)] = pos;
+  bucket.pop_back();
+  bucket_pos_[static_cast<size_t>(node)] = -1;
+}
+
+void Allocator::SetFreeWhole(int32_t node, int32_t free_whole) {
+  NodeState& state = nodes_[static_cast<size_t>(node)];
+  const int32_t delta = free_whole - state.free_whole;
+  if (delta == 0) return;
+  if (state.schedulable) BucketRemove(node);
+  state.free_whole = free_whole;
+  if (state.schedulable) BucketInsert(node);
+  rack_free_whole_[static_cast<size_t>(state.rack)] += delta;
+  spine_free_whole_[static_cast<size_t>(state.spine)] += delta;
+}
+
+void Allocator::UpdateSharedIndex(int32_t flat_gpu, MilliGpu before, MilliGpu after) {
+  const bool was_shared = before > 0 && before < kMilliPerGpu;
+  const bool is_shared = after > 0 && after < kMilliPerGpu;
+  if (was_shared) shared_gpus_.erase({before, flat_gpu});
+  if (is_shared) shared_gpus_.insert({after, flat_gpu});
+}
+
+// Keeps free_whole, the shared-GPU index and the totals in step with one GPU's free share.
+void Allocator::TakeGpuMilli(int32_t flat_gpu, MilliGpu milli) {
+  const size_t g = static_cast<size_t>(flat_gpu);
+  const MilliGpu before = gpu_free_[g];
+  const MilliGpu after = before - milli;
+  gpu_free_[g] = after;
+  if (!gpu_usable_[g]) return;
+  free_gpu_milli_total_ -= milli;
+  const int32_t node = gpu_node_[g];
+  NodeState& state = nodes_[static_cast<size_t>(node)];
+  UpdateSharedIndex(flat_gpu, before, after);
+  if (before == kMilliPerGpu && after < kMilliPerGpu) SetFreeWhole(node, state.free_whole - 1);
+}
+
+void Allocator::ReturnGpuMilli(int32_t flat_gpu, MilliGpu milli) {
+  const size_t g = static_cast<size_t>(flat_gpu);
+  const MilliGpu before = gpu_free_[g];
+  const MilliGpu after = before + milli;
+  gpu_free_[g] = after;
+  if (!gpu_usable_[g]) return;
+  free_gpu_milli_total_ += milli;
+  const int32_t node = gpu_node_[g];
+  NodeState& state = nodes_[static_cast<size_t>(node)];
+  UpdateSharedIndex(flat_gpu, before, after);
+  if (after == kMilliPerGpu) SetFreeWhole(node, state.free_whole + 1);
+}
+
+void Allocator::Commit(const JobSpec& spec, const Allocation& allocation) {
+  if (static_cast<int32_t>(allocation.size()) != spec.tasks)
+    throw std::invalid_argument(fmt::format("job {}: allocation has {} tasks, spec asks for {}",
+                                            spec.id, allocation.size(), spec.tasks));
+  // Check everything first so a bad allocation changes nothing.
+  std::unordered_map<int32_t, MilliGpu> gpu_take;
+  std::unordered_map<int32_t, std::pair<MilliCpu, MiB>> node_take;
+  for (const TaskPlacement& task : allocation) {
+    if (task.node < 0 || task.node >= static_cast<int32_t>(nodes_.size()))
+      throw std::invalid_argument(fmt::format("job {}: no node {}", spec.id, task.node));
+    const NodeState& state = nodes_[static_cast<size_t>(task.node)];
+    auto& [cpu, memory] = node_take[task.node];
+    cpu += spec.cpu_milli_per_task;
+    memory += spec.memory_mib_per_task;
+    for (const GpuShare& share : task.gpus) {
+      if (share.gpu < 0 || share.gpu >= state.gpu_count || share.milli <= 0 ||
+          share.milli > kMilliPerGpu)
+        throw std::invalid_argument(fmt::format("job {}: bad GPU share {}:{} on node {}", spec.id,
+                                                share.gpu, share.milli, task.node));
+      gpu_take[state.gpu_begin + share.gpu] += share.milli;
+    }
+  }
+  for (const auto& [gpu, milli] : gpu_take) {
+    if (milli > gpu_free_[static_cast<size_t>(gpu)])
+      throw std::invalid_argument(
+          fmt::format("job {}: GPU {} double-allocated ({} milli-GPU asked, {} free)", spec.id,
+                      gpu, milli, gpu_free_[static_cast<size_t>(gpu)]));
+  }
+  for (const auto& [node, take] : node_take) {
+    const NodeState& state = nodes_[static_cast<size_t>(node)];
+    if (take.first > state.free_cpu || take.second > state.free_memory)
+      throw std::invalid_argument(
+          fmt::format("job {}: node {} CPU or memory over-allocated", spec.id, node));
+  }
+  for (const auto& [gpu, milli] : gpu_take) TakeGpuMilli(gpu, milli);
+  for (const auto& [node, take] : node_take) {
+    nodes_[static_cast<size_t>(node)].free_cpu -= take.first;
+    nodes_[static_cast<size_t>(node)].free_memory -= take.second;
+  }
+}
+
+void Allocator::Release(const JobSpec& spec, const Allocation& allocation) {
+  for (const TaskPlacement& task : allocation) {
+    NodeState& state = nodes_[static_cast<size_t>(task.node)];
+    state.free_cpu += spec.cpu_milli_per_task;
+    state.free_memory += spec.memory_mib_per_task;
+    for (const GpuShare& share : task.gpus) ReturnGpuMilli(state.gpu_begin + share.gpu, share.milli);
+  }
+}
+
+Allocator::Eligibility Allocator::EligibilityOf(const JobSpec& spec) const {
+  Eligibility e;
+  e.min_memory = spec.min_gpu_memory_mib;
+  if (!spec.gpu_models.empty()) {
+    e.model_mask = 0;
+    for (const std::string& model : spec.gpu_models) {
+      auto it = std::find(model_names_.begin(), model_names_.end(), model);
+      if (it != model_names_.end()) e.model_mask |= uint64_t{1} << (it - model_names_.begin());
+    }
+    e.any_model_known = e.model_mask != 0;
+  }
+  e.unconstrained = spec.gpu_models.empty() && spec.min_gpu_memory_mib == 0;
+  return e;
+}
+
+bool Allocator::GpuEligible(int32_t flat_gpu, const Eligibility& e) const {
+  const size_t g = static_cast<size_t>(flat_gpu);
+  return gpu_usable_[g] && ((e.model_mask >> gpu_model_[g]) & 1) != 0 &&
+         gpu_memory_[g] >= e.min_memory;
+}
+
+int32_t Allocator::EligibleFreeWhole(int32_t node, const Eligibility& e) const {
+  const NodeState& state = nodes_[static_cast<size_t>(node)];
+  if (e.unconstrained) return state.free_whole;
+  int32_t count = 0;
+  for (int32_t g = state.gpu_begin; g < state.gpu_begin + state.gpu_count; ++g)
+    count += (gpu_free_[static_cast<size_t>(g)] == kMilliPerGpu && GpuEligible(g, e)) ? 1 : 0;
+  return count;
+}
+
+int32_t Allocator::TasksFit(int32_t node, const JobSpec& spec, const Eligibility& e) const {
+  const NodeState& state = nodes_[static_cast<size_t>(node)];
+  if (!state.schedulable) return 0;
+  int32_t fit = kManyTasks;
+  if (spec.Fractional()) {
+    int32_t shares = 0;
+    for (int32_t g = state.gpu_begin; g < state.gpu_begin + state.gpu_count; ++g)
+      if (GpuEligible(g, e)) shares += gpu_free_[static_cast<size_t>(g)] / spec.gpu_milli_per_task;
+    fit = shares;
+  } else if (const int32_t whole = spec.WholeGpusPerTask(); whole > 0) {
+    fit = EligibleFreeWhole(node, e) / whole;
+  }
+  if (spec.cpu_milli_per_task > 0)
+    fit = static_cast<int32_t>(
+        std::min<int64_t>(fit, state.free_cpu / spec.cpu_milli_per_task));
+  if (spec.memory_mib_per_task > 0)
+    fit = static_cast<int32_t>(
+        std::min<int64_t>(fit, state.free_memory / spec.memory_mib_per_task));
+  return fit;
+}
+
+std::optional<Allocation> Allocator::Place(const JobSpec& spec, PlacementPolicy policy) {
+  const Eligibility e = EligibilityOf(spec);
+  // GPU constraints bind only jobs that take GPUs, as in WhyNeverFits.
+  if (spec.gpu_milli_per_task > 0 && !e.any_model_known) return std::nullopt;
+  if (spec.WholeGpusPerTask() > 0) return PlaceWholeGang(spec, e, policy);
+
+  // Shared-GPU and CPU-only gangs are placed task by task and rolled back on failure.
+  Allocation allocation;
+  allocation.reserve(static_cast<size_t>(spec.tasks));
+  for (int32_t t = 0; t < spec.tasks; ++t) {
+    const bool placed = spec.Fractional() ? PlaceSharedTask(spec, e, policy, allocation)
+                                          : PlaceCpuOnlyTask(spec, policy, allocation);
+    if (!placed) {
+      JobSpec partial = spec;
+      partial.tasks = static_cast<int32_t>(allocation.size());
+      Release(partial, allocation);
+      return std::nullopt;
+    }
+  }
+  return allocation;
+}
+
+std::optional<Allocation> Allocator::PlaceWholeGang(const JobSpec& spec, const Eligibility& e,
+                                                    PlacementPolicy policy) {
+  const int32_t per_task = spec.WholeGpusPerTask();
+  const int32_t total = per_task * spec.tasks;
+  std::vector<std::pair<int32_t, int32_t>> chosen;  // (node, tasks)
+
+  // 1. One node for the whole gang: best fit scans buckets from the smallest that can hold it.
+  if (total <= max_gpus_per_node_) {
+    const bool ascending = policy == PlacementPolicy::kBinPack;
+    for (int32_t i = 0; i <= max_gpus_per_node_ - total && chosen.empty(); ++i) {
+      const int32_t b = ascending ? total + i : max_gpus_per_node_ - i;
+      for (int32_t node : buckets_[static_cast<size_t>(b)]) {
+        if (TasksFit(node, spec, e) >= spec.tasks) {
+          chosen.emplace_back(node, spec.tasks);
+          break;
+        }
+      }
+    }
+  }
+
+  // A single task that no node holds fits nowhere.
+  if (chosen.empty() && spec.tasks == 1) return std::nullopt;
+
+  // 2./3. One rack, then one spine: the fewest network hops for the gang's collectives.
+  auto try_groups = [&](const std::vector<std::vector<int32_t>>& group_nodes,
+                        const std::vector<int32_t>& group_free) {
+    std::vector<int32_t> groups;
+    for (int32_t g = 0; g < static_cast<int32_t>(group_free.size()); ++g)
+      if (group_free[static_cast<size_t>(g)] >= total) groups.push_back(g);
+    // Best fit tries the tightest group first so that large free groups stay whole.
+    std::sort(groups.begin(), groups.end(), [&](int32_t a, int32_t b) {
+      const int32_t fa = group_free[static_cast<size_t>(a)];
+      const int32_t fb = group_free[static_cast<size_t>(b)];
+      if (fa != fb) return policy == PlacementPolicy::kBinPack ? fa < fb : fa > fb;
+      return a < b;
+    });
+    for (int32_t g : groups) {
+      if (auto nodes = SpreadOverNodes(group_nodes[static_cast<size_t>(g)], spec, e, policy)) {
+        chosen = std::move(*nodes);
+        return;
+      }
+    }
+  };
+  if (chosen.empty() && rack_nodes_.size() > 1) try_groups(rack_nodes_, rack_free_whole_);
+  if (chosen.empty() && spine_nodes_.size() > 1) try_groups(spine_nodes_, spine_free_whole_);
+
+  // 4. Anywhere.
+  if (chosen.empty()) {
+    std::vector<int32_t> all(nodes_.size());
+    for (int32_t n = 0; n < static_cast<int32_t>(all.size()); ++n) all[static_cast<size_t>(n)] = n;
+    auto nodes = SpreadOverNodes(all, spec, e, policy);
+    if (!nodes) return std::nullopt;
+    chosen = std::move(*nodes);
+  }
+
+  Allocation allocation;
+  allocation.reserve(static_cast<size_t>(spec.tasks));
+  for (const auto& [node, count] : chosen) {
+    for (int32_t t = 0; t < count; ++t) allocation.push_back(TakeWholeGpus(node, spec, e));
+    nodes_[static_cast<size_t>(node)].free_cpu -= spec.cpu_milli_per_task * count;
+    nodes_[static_cast<size_t>(node)].free_memory -= spec.memory_mib_per_task * count;
+  }
+  return allocation;
+}
+
+std::optional<std::vector<std::pair<int32_t, int32_t>>> Allocator::SpreadOverNodes(
+    const std::vector<int32_t>& candidates, const JobSpec& spec, const Eligibility& e,
+    PlacementPolicy policy) const {
+  struct Fit {
+    int32_t node, tasks, free_whole;
+  };
+  std::vector<Fit> fits;
+  int64_t capacity = 0;
+  for (int32_t node : candidates) {
+    const int32_t tasks = std::min(TasksFit(node, spec, e), spec.tasks);
+    if (tasks <= 0) continue;
+    fits.push_back({node, tasks, nodes_[static_cast<size_t>(node)].free_whole});
+    capacity += tasks;
+  }
+  if (capacity < spec.tasks) return std::nullopt;
+  // Fewest nodes first: the nodes that hold the most tasks; among equals, best fit takes the
+  // fullest nodes and spread the emptiest.
+  std::sort(fits.begin(), fits.end(), [&](const Fit& a, const Fit& b) {
+    if (a.tasks != b.tasks) return a.tasks > b.tasks;
+    if (a.free_whole != b.free_whole)
+      return policy == PlacementPolicy::kBinPack ? a.free_whole < b.free_whole
+                                                 : a.free_whole > b.free_whole;
+    return a.node < b.node;
+  });
+  std::vector<std::pair<int32_t, int32_t>> chosen;
+  int32_t remaining = spec.tasks;
+  for (const Fit& fit : fits) {
+    if (remaining == 0) break;
+    const int32_t take = std::min(fit.tasks, remaining);
+    chosen.emplace_back(fit.node, take);
+    remaining -= take;
+  }
+  return chosen;
+}
+
+TaskPlacement Allocator::TakeWholeGpus(int32_t node, const JobSpec& spec, const Eligibility& e) {
+  const NodeState& state = nodes_[static_cast<size_t>(node)];
+  const int32_t want = spec.WholeGpusPerTask();
+  // Free eligible GPUs per NVLink island, in GPU order.
+  std::vector<std::pair<int32_t, std::vector<int32_t>>> islands;
+  for (int32_t g = state.gpu_begin; g < state.gpu_begin + state.gpu_count; ++g) {
+    if (gpu_free_[static_cast<size_t>(g)] != kMilliPerGpu || !GpuEligible(g, e)) continue;
+    const int32_t island = gpu_island_[static_cast<size_t>(g)];
+    auto it = std::find_if(islands.begin(), islands.end(),
+                           [&](const auto& entry) { return entry.first == island; });
+    if (it == islands.end()) {
+      islands.push_back({island, {}});
+      it = std::prev(islands.end());
+    }
+    it->second.push_back(g);
+  }
+  // One island if any holds the task: the smallest such island, keeping larger ones whole.
+  // Otherwise the largest islands first, so the task spans as few as possible.
+  std::stable_sort(islands.begin(), islands.end(), [&](const auto& a, const auto& b) {
+    const bool a_fits = static_cast<int32_t>(a.second.size()) >= want;
+    const bool b_fits = static_cast<int32_t>(b.second.size()) >= want;
+    if (a_fits != b_fits) return a_fits;
+    return a_fits ? a.second.size() < b.second.size() : a.second.size() > b.second.size();
+  });
+  TaskPlacement task{.node = node, .gpus = {}};
+  task.gpus.reserve(static_cast<size_t>(want));
+  for (const auto& island : islands) {
+    for (int32_t g : island.second) {
+      if (static_cast<int32_t>(task.gpus.size()) == want) break;
+      task.gpus.push_back({.gpu = g - state.gpu_begin, .milli = kMilliPerGpu});
+      TakeGpuMilli(g, kMilliPerGpu);
+    }
+  }
+  std::sort(task.gpus.begin(), task.gpus.end(),
+            [](const GpuShare& a, const GpuShare& b) { return a.gpu < b.gpu; });
+  return task;
+}
+
+bool Allocator::PlaceSharedTask(const JobSpec& spec, const Eligibility& e, PlacementPolicy policy,
+                                Allocation& allocation) {
+  const MilliGpu want = spec.gpu_milli_per_task;
+  auto node_has_room = [&](const NodeState& s) {
+    return s.schedulable && s.free_cpu >= spec.cpu_milli_per_task &&
+           s.free_memory >= spec.memory_mib_per_task;
+  };
+  int32_t best_gpu = -1;
+  int32_t best_node = -1;
+  // A GPU already shared, from the index ordered by free share: best fit takes the one with the
+  // least room left that still holds the share, spread the one with the most; ties go to the
+  // lowest GPU.
+  auto try_shared = [&](int32_t g) {
+    const int32_t n = gpu_node_[static_cast<size_t>(g)];
+    if (!GpuEligible(g, e) || !node_has_room(nodes_[static_cast<size_t>(n)])) return false;
+    best_gpu = g;
+    best_node = n;
+    return true;
+  };
+  auto find_shared_gpu = [&] {
+    if (policy == PlacementPolicy::kBinPack) {
+      for (auto it = shared_gpus_.lower_bound({want, 0}); it != shared_gpus_.end(); ++it)
+        if (try_shared(it->second)) return;
+      return;
+    }
+    // Descending free share, and within one free share ascending GPU.
+    auto group_end = shared_gpus_.end();
+    while (group_end != shared_gpus_.begin() && std::prev(group_end)->first >= want) {
+      const auto group_begin = shared_gpus_.lower_bound({std::prev(group_end)->first, 0});
+      for (auto it = group_begin; it != group_end; ++it)
+        if (try_shared(it->second)) return;
+      group_end = group_begin;
+    }
+  };
+  // A whole free GPU, on the fullest node that has one (best fit) or the emptiest.
+  auto find_whole_gpu = [&] {
+    const bool ascending = policy == PlacementPolicy::kBinPack;
+    for (int32_t i = 0; i < max_gpus_per_node_ && best_gpu < 0; ++i) {
+      const int32_t b = ascending ? 1 + i : max_gpus_per_node_ - i;
+      for (int32_t node : buckets_[static_cast<size_t>(b)]) {
+        const NodeState& s = nodes_[static_cast<size_t>(node)];
+        if (!node_has_room(s)) continue;
+        for (int32_t g = s.gpu_begin; g < s.gpu_begin + s.gpu_count; ++g) {
+          if (gpu_free_[static_cast<size_t>(g)] == kMilliPerGpu && GpuEligible(g, e)) {
+            best_gpu = g;
+            best_node = node;
+            break;
+          }
+        }
+        if (best_gpu >= 0) break;
+      }
+    }
+  };
+  // Best fit fills shared GPUs before opening a whole one. Spread is worst fit: the GPU with the
+  // most room, which is a whole free GPU whenever one is left.
+  if (policy == PlacementPolicy::kBinPack) {
+    find_shared_gpu();
+    if (best_gpu < 0) find_whole_gpu();
+  } else {
+    find_whole_gpu();
+    if (best_gpu < 0) find_shared_gpu();
+  }
+  if (best_gpu < 0) return false;
+  NodeState& s = nodes_[static_cast<size_t>(best_node)];
+  TakeGpuMilli(best_gpu, want);
+  s.free_cpu -= spec.cpu_milli_per_task;
+  s.free_memory -= spec.memory_mib_per_task;
+  allocation.push_back({.node = best_node, .gpus = {{.gpu = best_gpu - s.gpu_begin, .milli = want}}});
+  return true;
+}
+
+bool Allocator::PlaceCpuOnlyTask(const JobSpec& spec, PlacementPolicy policy,
+                                 Allocation& allocation) {
+  int32_t best = -1;
+  for (int32_t n = 0; n < static_cast<int32_t>(nodes_.size()); ++n) {
+    const NodeState& s = nodes_[static_cast<size_t>(n)];
+    if (!s.schedulable || s.free_cpu < spec.cpu_milli_per_task ||
+        s.free_memory < spec.memory_mib_per_task)
+      continue;
+    if (best < 0) {
+      best = n;
+      continue;
+    }
+    const NodeState& b = nodes_[static_cast<size_t>(best)];
+    // CPU-only work goes to nodes without free GPUs first, so it does not strand them.
+    const auto key = [](const NodeState& x) { return std::pair(x.free_whole, x.free_cpu); };
+    if (policy == PlacementPolicy::kBinPack ? key(s) < key(b) : key(s) > key(b)) best = n;
+  }
+  if (best < 0) return false;
+  NodeState& s = nodes_[static_cast<size_t>(best)];
+  s.free_cpu -= spec.cpu_milli_per_task;
+  s.free_memory -= spec.memory_mib_per_task;
+  allocation.push_back({.node = best, .gpus = {}});
+  return true;
+}
+
+WaitReason Allocator::WhyNotNow(const JobSpec& spec) const {
+  // Would the GPUs alone hold the gang, ignoring CPU and memory?
+  JobSpec gpus_only = spec;
+  gpus_only.cpu_milli_per_task = 0;
+  gpus_only.memory_mib_per_task = 0;
+  if (gpus_only.gpu_milli_per_task == 0) return WaitReason::kInsufficientCpuOrMemory;
+  const Eligibility e = EligibilityOf(spec);
+  int64_t tasks = 0;
+  for (int32_t n = 0; n < static_cast<int32_t>(nodes_.size()) && tasks < spec.tasks; ++n)
+    tasks += TasksFit(n, gpus_only, e);
+  return tasks >= spec.tasks ? WaitReason::kInsufficientCpuOrMemory
+                             : WaitReason::kInsufficientGpus;
+}
+
+std::optional<WaitReason> Allocator::WhyNeverFits(const JobSpec& spec) const {
+  const Eligibility e = EligibilityOf(spec);
+  if (spec.gpu_milli_per_task > 0) {
+    int64_t eligible = 0;
+    for (int32_t g = 0; g < static_cast<int32_t>(gpu_free_.size()); ++g)
+      eligible += GpuEligible(g, e) ? 1 : 0;
+    if (!e.any_model_known || eligible == 0)
+      return e.unconstrained ? WaitReason::kInfeasibleGpuCount : WaitReason::kInfeasibleGpuModel;
+    if (!spec.Fractional() && eligible < int64_t{spec.WholeGpusPerTask()} * spec.tasks)
+      return WaitReason::kInfeasibleGpuCount;
+  }
+  int64_t tasks = 0;
+  bool any_node = false;
+  for (int32_t n = 0; n < static_cast<int32_t>(nodes_.size()); ++n) {
+    const int32_t fit = TasksFit(n, spec, e);
+    any_node = any_node || fit > 0;
+    tasks += fit;
+  }
+  if (!any_node) return WaitReason::kInfeasibleTaskShape;
+  if (tasks < spec.tasks) return WaitReason::kInfeasibleGpuCount;
+  return std::nullopt;
+}
+
+}  // namespace gpufleet::sched

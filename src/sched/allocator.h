@@ -1,0 +1,113 @@
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/cluster.h"
+#include "core/job.h"
+#include "sched/policy.h"
+#include "sched/types.h"
+
+namespace gpufleet::sched {
+
+// Free capacity of a cluster during one scheduling cycle, indexed for fast placement: nodes are
+// bucketed by their number of free whole GPUs, and racks and spines keep free-GPU sums, so a
+// single-GPU placement is O(1) on a uniform cluster and a gang placement looks at racks before
+// nodes. Unschedulable nodes and unhealthy GPUs are never offered, but allocations already on them
+// (jobs that were running before a drain or a fault) are accepted by Commit.
+class Allocator {
+ public:
+  explicit Allocator(const Cluster& cluster);
+
+  // Places every task of the job or none (gang all-or-nothing) and records the allocation.
+  std::optional<Allocation> Place(const JobSpec& spec, PlacementPolicy policy);
+  // Records an allocation made elsewhere. Throws std::invalid_argument when it names a node or GPU
+  // that does not exist or takes more than is free (a double allocation).
+  void Commit(const JobSpec& spec, const Allocation& allocation);
+  void Release(const JobSpec& spec, const Allocation& allocation);
+
+  // Why a job that Place just refused does not fit now.
+  WaitReason WhyNotNow(const JobSpec& spec) const;
+  // Whether the job fits this cluster when nothing runs on it; call on an Allocator with no
+  // commits. Returns the infeasibility reason, or nothing when the job can fit.
+  std::optional<WaitReason> WhyNeverFits(const JobSpec& spec) const;
+
+  int64_t FreeGpuMilli() const { return free_gpu_milli_total_; }
+  int64_t UsableGpuMilli() const { return usable_gpu_milli_total_; }
+
+ private:
+  // Which GPUs a job may use, resolved once per placement.
+  struct Eligibility {
+    uint64_t model_mask = ~uint64_t{0};
+    MiB min_memory = 0;
+    bool unconstrained = true;
+    bool any_model_known = true;  // false when none of the asked models exists in the cluster
+  };
+  struct NodeState {
+    MilliCpu free_cpu = 0;
+    MiB free_memory = 0;
+    int32_t gpu_begin = 0;  // first GPU in the flat GPU arrays
+    int32_t gpu_count = 0;
+    int32_t free_whole = 0;  // healthy GPUs with nothing allocated
+    int32_t rack = 0;
+    int32_t spine = 0;
+    bool schedulable = true;
+  };
+
+  Eligibility EligibilityOf(const JobSpec& spec) const;
+  bool GpuEligible(int32_t flat_gpu, const Eligibility& eligibility) const;
+  // How many tasks of this job fit on the node now.
+  int32_t TasksFit(int32_t node, const JobSpec& spec, const Eligibility& eligibility) const;
+  int32_t EligibleFreeWhole(int32_t node, const Eligibility& eligibility) const;
+
+  std::optional<Allocation> PlaceWholeGang(const JobSpec& spec, const Eligibility& eligibility,
+                                           PlacementPolicy policy);
+  bool PlaceSharedTask(const JobSpec& spec, const Eligibility& eligibility, PlacementPolicy policy,
+                       Allocation& allocation);
+  bool PlaceCpuOnlyTask(const JobSpec& spec, PlacementPolicy policy, Allocation& allocation);
+  // Chooses the nodes for `tasks` tasks among `candidates`, fewest nodes first; returns pairs of
+  // (node, task count) or nothing when they cannot hold the gang.
+  std::optional<std::vector<std::pair<int32_t, int32_t>>> SpreadOverNodes(
+      const std::vector<int32_t>& candidates, const JobSpec& spec,
+      const Eligibility& eligibility, PlacementPolicy policy) const;
+  // Takes whole GPUs for one task on a node, preferring a single NVLink island.
+  TaskPlacement TakeWholeGpus(int32_t node, const JobSpec& spec, const Eligibility& eligibility);
+
+  void TakeGpuMilli(int32_t flat_gpu, MilliGpu milli);
+  void ReturnGpuMilli(int32_t flat_gpu, MilliGpu milli);
+  void UpdateSharedIndex(int32_t flat_gpu, MilliGpu before, MilliGpu after);
+  void SetFreeWhole(int32_t node, int32_t free_whole);
+  void BucketInsert(int32_t node);
+  void BucketRemove(int32_t node);
+
+  const Cluster& cluster_;
+  std::vector<NodeState> nodes_;
+  // Flat per-GPU arrays, node by node.
+  std::vector<MilliGpu> gpu_free_;
+  std::vector<uint8_t> gpu_model_;
+  std::vector<MiB> gpu_memory_;
+  std::vector<int32_t> gpu_island_;
+  std::vector<int32_t> gpu_node_;
+  std::vector<uint8_t> gpu_usable_;  // healthy and on a schedulable node
+  std::vector<std::string> model_names_;  // model id -> name (at most 64 models)
+
+  std::vector<std::vector<int32_t>> buckets_;  // free whole GPUs -> schedulable nodes
+  std::vector<int32_t> bucket_pos_;            // node -> position in its bucket
+  int32_t max_gpus_per_node_ = 0;
+  // Usable GPUs shared by fractional tasks with room left, as (free milli-GPUs, flat GPU): a
+  // shared placement finds the tightest or roomiest one without scanning every node.
+  std::set<std::pair<MilliGpu, int32_t>> shared_gpus_;
+
+  std::vector<std::vector<int32_t>> rack_nodes_;
+  std::vector<std::vector<int32_t>> spine_nodes_;
+  std::vector<int32_t> rack_free_whole_;
+  std::vector<int32_t> spine_free_whole_;
+
+  int64_t free_gpu_milli_total_ = 0;
+  int64_t usable_gpu_milli_total_ = 0;
+};
+
+}  // namespace gpufleet::sched

@@ -1,0 +1,61 @@
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/types.h"
+
+namespace gpufleet::sched {
+
+// "Which job next": the order in which pending jobs are considered.
+enum class QueueOrder {
+  kFifo,  // priority, then submit time
+  kSjf,   // priority, then shortest runtime estimate (jobs without one go last)
+  kLas,   // Tiresias 2D-LAS: discretised attained GPU-service queues, preemptive
+};
+
+// What to do when the job at the head of the order does not fit.
+enum class Backfill {
+  kNone,      // strict: nothing behind it starts (Slurm without backfill, Kueue StrictFIFO)
+  kEasy,      // EASY: the head gets a reservation; later jobs start only if they do not delay it
+  kFirstFit,  // skip it and try the next (Kueue BestEffortFIFO, Tiresias)
+};
+
+// "Where": how a job's tasks are placed on nodes and GPUs.
+enum class PlacementPolicy {
+  kBinPack,  // best fit: fill the fullest nodes and GPUs first, keep whole nodes free for gangs
+  kSpread,   // worst fit: the emptiest nodes first
+};
+
+struct SchedulerConfig {
+  QueueOrder order = QueueOrder::kFifo;
+  Backfill backfill = Backfill::kNone;
+  PlacementPolicy placement = PlacementPolicy::kBinPack;
+  // Pending jobs may preempt running preemptible jobs that rank strictly lower in the order.
+  bool preempt = false;
+  // 2D-LAS queue limits in GPU-seconds of attained service; a job moves to queue k+1 once its
+  // service passes limit k. Tiresias uses two queues; 3,200 GPU-s is close to its default.
+  std::vector<int64_t> las_queue_limits_gpu_s = {3200};
+  // Tiresias' starvation guard: a job that waited more than this many times its attained run time
+  // goes back to the first queue. 0 disables it.
+  double las_starvation_factor = 0.0;
+};
+
+std::optional<QueueOrder> ParseQueueOrder(std::string_view name);
+std::optional<Backfill> ParseBackfill(std::string_view name);
+std::optional<PlacementPolicy> ParsePlacementPolicy(std::string_view name);
+const char* Name(QueueOrder order);
+const char* Name(Backfill backfill);
+const char* Name(PlacementPolicy placement);
+// The names accepted by the parsers above, for help texts and error messages.
+std::vector<std::string> QueueOrderNames();
+std::vector<std::string> BackfillNames();
+std::vector<std::string> PlacementPolicyNames();
+
+// The backfill mode a queue order uses when none is asked for: strict FIFO stays strict, SJF and
+// LAS skip jobs that do not fit (as in the Tiresias paper).
+Backfill DefaultBackfill(QueueOrder order);
+
+}  // namespace gpufleet::sched
