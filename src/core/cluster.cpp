@@ -1,14 +1,15 @@
 #include "core/cluster.h"
 
-#include <fmt/format.h>
-
 #include <unordered_set>
+
+#include <fmt/format.h>
 
 namespace gpufleet {
 
 int64_t Cluster::TotalGpus() const {
   int64_t total = 0;
-  for (const Node& node : nodes) total += static_cast<int64_t>(node.gpus.size());
+  for (const Node& node : nodes)
+    total += static_cast<int64_t>(node.gpus.size());
   return total;
 }
 
@@ -16,7 +17,8 @@ int64_t Cluster::UsableGpus() const {
   int64_t total = 0;
   for (const Node& node : nodes) {
     if (!node.schedulable) continue;
-    for (const Gpu& gpu : node.gpus) total += gpu.healthy ? 1 : 0;
+    for (const Gpu& gpu : node.gpus)
+      total += gpu.healthy ? 1 : 0;
   }
   return total;
 }

@@ -1,8 +1,8 @@
 #include "core/job.h"
 
-#include <fmt/format.h>
-
 #include <algorithm>
+
+#include <fmt/format.h>
 
 namespace gpufleet {
 
@@ -28,7 +28,8 @@ void SetGangShape(JobSpec& spec, int32_t gpus, int32_t gpus_per_node) {
     return;
   }
   int32_t per_task = std::min(gpus, std::max(1, gpus_per_node));
-  while (gpus % per_task != 0) --per_task;
+  while (gpus % per_task != 0)
+    --per_task;
   spec.tasks = gpus / per_task;
   spec.gpu_milli_per_task = per_task * kMilliPerGpu;
 }

@@ -1,11 +1,11 @@
 #include "sched/allocator.h"
 
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <limits>
 #include <stdexcept>
 #include <unordered_map>
+
+#include <fmt/format.h>
 
 namespace gpufleet::sched {
 namespace {
@@ -54,7 +54,8 @@ Allocator::Allocator(const Cluster& cluster) : cluster_(cluster) {
   }
   free_gpu_milli_total_ = usable_gpu_milli_total_;
   model_names_.resize(model_ids.size());
-  for (const auto& [name, id] : model_ids) model_names_[static_cast<size_t>(id)] = name;
+  for (const auto& [name, id] : model_ids)
+    model_names_[static_cast<size_t>(id)] = name;
 
   rack_nodes_.resize(rack_ids.size());
   spine_nodes_.resize(spine_ids.size());
@@ -158,8 +159,8 @@ void Allocator::Commit(const JobSpec& spec, const Allocation& allocation) {
   for (const auto& [gpu, milli] : gpu_take) {
     if (milli > gpu_free_[static_cast<size_t>(gpu)])
       throw std::invalid_argument(
-          fmt::format("job {}: GPU {} double-allocated ({} milli-GPU asked, {} free)", spec.id,
-                      gpu, milli, gpu_free_[static_cast<size_t>(gpu)]));
+          fmt::format("job {}: GPU {} double-allocated ({} milli-GPU asked, {} free)", spec.id, gpu,
+                      milli, gpu_free_[static_cast<size_t>(gpu)]));
   }
   for (const auto& [node, take] : node_take) {
     const NodeState& state = nodes_[static_cast<size_t>(node)];
@@ -167,7 +168,8 @@ void Allocator::Commit(const JobSpec& spec, const Allocation& allocation) {
       throw std::invalid_argument(
           fmt::format("job {}: node {} CPU or memory over-allocated", spec.id, node));
   }
-  for (const auto& [gpu, milli] : gpu_take) TakeGpuMilli(gpu, milli);
+  for (const auto& [gpu, milli] : gpu_take)
+    TakeGpuMilli(gpu, milli);
   for (const auto& [node, take] : node_take) {
     nodes_[static_cast<size_t>(node)].free_cpu -= take.first;
     nodes_[static_cast<size_t>(node)].free_memory -= take.second;
@@ -179,7 +181,8 @@ void Allocator::Release(const JobSpec& spec, const Allocation& allocation) {
     NodeState& state = nodes_[static_cast<size_t>(task.node)];
     state.free_cpu += spec.cpu_milli_per_task;
     state.free_memory += spec.memory_mib_per_task;
-    for (const GpuShare& share : task.gpus) ReturnGpuMilli(state.gpu_begin + share.gpu, share.milli);
+    for (const GpuShare& share : task.gpus)
+      ReturnGpuMilli(state.gpu_begin + share.gpu, share.milli);
   }
 }
 
@@ -226,11 +229,10 @@ int32_t Allocator::TasksFit(int32_t node, const JobSpec& spec, const Eligibility
     fit = EligibleFreeWhole(node, e) / whole;
   }
   if (spec.cpu_milli_per_task > 0)
-    fit = static_cast<int32_t>(
-        std::min<int64_t>(fit, state.free_cpu / spec.cpu_milli_per_task));
+    fit = static_cast<int32_t>(std::min<int64_t>(fit, state.free_cpu / spec.cpu_milli_per_task));
   if (spec.memory_mib_per_task > 0)
-    fit = static_cast<int32_t>(
-        std::min<int64_t>(fit, state.free_memory / spec.memory_mib_per_task));
+    fit =
+        static_cast<int32_t>(std::min<int64_t>(fit, state.free_memory / spec.memory_mib_per_task));
   return fit;
 }
 
@@ -305,7 +307,8 @@ std::optional<Allocation> Allocator::PlaceWholeGang(const JobSpec& spec, const E
   // 4. Anywhere.
   if (chosen.empty()) {
     std::vector<int32_t> all(nodes_.size());
-    for (int32_t n = 0; n < static_cast<int32_t>(all.size()); ++n) all[static_cast<size_t>(n)] = n;
+    for (int32_t n = 0; n < static_cast<int32_t>(all.size()); ++n)
+      all[static_cast<size_t>(n)] = n;
     auto nodes = SpreadOverNodes(all, spec, e, policy);
     if (!nodes) return std::nullopt;
     chosen = std::move(*nodes);
@@ -314,7 +317,8 @@ std::optional<Allocation> Allocator::PlaceWholeGang(const JobSpec& spec, const E
   Allocation allocation;
   allocation.reserve(static_cast<size_t>(spec.tasks));
   for (const auto& [node, count] : chosen) {
-    for (int32_t t = 0; t < count; ++t) allocation.push_back(TakeWholeGpus(node, spec, e));
+    for (int32_t t = 0; t < count; ++t)
+      allocation.push_back(TakeWholeGpus(node, spec, e));
     nodes_[static_cast<size_t>(node)].free_cpu -= spec.cpu_milli_per_task * count;
     nodes_[static_cast<size_t>(node)].free_memory -= spec.memory_mib_per_task * count;
   }
@@ -461,7 +465,8 @@ bool Allocator::PlaceSharedTask(const JobSpec& spec, const Eligibility& e, Place
   TakeGpuMilli(best_gpu, want);
   s.free_cpu -= spec.cpu_milli_per_task;
   s.free_memory -= spec.memory_mib_per_task;
-  allocation.push_back({.node = best_node, .gpus = {{.gpu = best_gpu - s.gpu_begin, .milli = want}}});
+  allocation.push_back(
+      {.node = best_node, .gpus = {{.gpu = best_gpu - s.gpu_begin, .milli = want}}});
   return true;
 }
 
@@ -500,8 +505,7 @@ WaitReason Allocator::WhyNotNow(const JobSpec& spec) const {
   int64_t tasks = 0;
   for (int32_t n = 0; n < static_cast<int32_t>(nodes_.size()) && tasks < spec.tasks; ++n)
     tasks += TasksFit(n, gpus_only, e);
-  return tasks >= spec.tasks ? WaitReason::kInsufficientCpuOrMemory
-                             : WaitReason::kInsufficientGpus;
+  return tasks >= spec.tasks ? WaitReason::kInsufficientCpuOrMemory : WaitReason::kInsufficientGpus;
 }
 
 std::optional<WaitReason> Allocator::WhyNeverFits(const JobSpec& spec) const {

@@ -71,8 +71,8 @@ class Allocator {
   // Chooses the nodes for `tasks` tasks among `candidates`, fewest nodes first; returns pairs of
   // (node, task count) or nothing when they cannot hold the gang.
   std::optional<std::vector<std::pair<int32_t, int32_t>>> SpreadOverNodes(
-      const std::vector<int32_t>& candidates, const JobSpec& spec,
-      const Eligibility& eligibility, PlacementPolicy policy) const;
+      const std::vector<int32_t>& candidates, const JobSpec& spec, const Eligibility& eligibility,
+      PlacementPolicy policy) const;
   // Takes whole GPUs for one task on a node, preferring a single NVLink island.
   TaskPlacement TakeWholeGpus(int32_t node, const JobSpec& spec, const Eligibility& eligibility);
 
@@ -91,7 +91,7 @@ class Allocator {
   std::vector<MiB> gpu_memory_;
   std::vector<int32_t> gpu_island_;
   std::vector<int32_t> gpu_node_;
-  std::vector<uint8_t> gpu_usable_;  // healthy and on a schedulable node
+  std::vector<uint8_t> gpu_usable_;       // healthy and on a schedulable node
   std::vector<std::string> model_names_;  // model id -> name (at most 64 models)
 
   std::vector<std::vector<int32_t>> buckets_;  // free whole GPUs -> schedulable nodes

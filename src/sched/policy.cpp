@@ -24,7 +24,8 @@ const char* NameIn(const std::array<std::pair<Enum, const char*>, N>& table, Enu
 template <typename Enum, size_t N>
 std::vector<std::string> NamesIn(const std::array<std::pair<Enum, const char*>, N>& table) {
   std::vector<std::string> names;
-  for (const auto& entry : table) names.emplace_back(entry.second);
+  for (const auto& entry : table)
+    names.emplace_back(entry.second);
   return names;
 }
 
@@ -48,16 +49,30 @@ constexpr std::array<std::pair<PlacementPolicy, const char*>, 2> kPlacements{{
 std::optional<QueueOrder> ParseQueueOrder(std::string_view name) {
   return Lookup(kQueueOrders, name);
 }
-std::optional<Backfill> ParseBackfill(std::string_view name) { return Lookup(kBackfills, name); }
+std::optional<Backfill> ParseBackfill(std::string_view name) {
+  return Lookup(kBackfills, name);
+}
 std::optional<PlacementPolicy> ParsePlacementPolicy(std::string_view name) {
   return Lookup(kPlacements, name);
 }
-const char* Name(QueueOrder order) { return NameIn(kQueueOrders, order); }
-const char* Name(Backfill backfill) { return NameIn(kBackfills, backfill); }
-const char* Name(PlacementPolicy placement) { return NameIn(kPlacements, placement); }
-std::vector<std::string> QueueOrderNames() { return NamesIn(kQueueOrders); }
-std::vector<std::string> BackfillNames() { return NamesIn(kBackfills); }
-std::vector<std::string> PlacementPolicyNames() { return NamesIn(kPlacements); }
+const char* Name(QueueOrder order) {
+  return NameIn(kQueueOrders, order);
+}
+const char* Name(Backfill backfill) {
+  return NameIn(kBackfills, backfill);
+}
+const char* Name(PlacementPolicy placement) {
+  return NameIn(kPlacements, placement);
+}
+std::vector<std::string> QueueOrderNames() {
+  return NamesIn(kQueueOrders);
+}
+std::vector<std::string> BackfillNames() {
+  return NamesIn(kBackfills);
+}
+std::vector<std::string> PlacementPolicyNames() {
+  return NamesIn(kPlacements);
+}
 
 Backfill DefaultBackfill(QueueOrder order) {
   return order == QueueOrder::kFifo ? Backfill::kNone : Backfill::kFirstFit;

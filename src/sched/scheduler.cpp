@@ -51,7 +51,8 @@ Rank RankOf(const JobSpec& spec, int64_t attained_gpu_ms, TimeMs waiting_since, 
         // Tiresias promotes a job that waited longer than factor x its run so far.
         const double gpus = static_cast<double>(spec.TotalGpuMilli()) / kMilliPerGpu;
         const double ran_ms = static_cast<double>(attained_gpu_ms) / gpus;
-        if (ran_ms > 0 && static_cast<double>(now - waiting_since) >= config.las_starvation_factor * ran_ms)
+        if (ran_ms > 0 &&
+            static_cast<double>(now - waiting_since) >= config.las_starvation_factor * ran_ms)
           queue = 0;
       }
       rank.cls.second = queue;
@@ -83,7 +84,8 @@ struct ShapeHash {
     mix(std::hash<int64_t>{}(s.cpu_milli_per_task));
     mix(std::hash<int64_t>{}(s.memory_mib_per_task));
     mix(std::hash<int64_t>{}(s.min_gpu_memory_mib));
-    for (const std::string& model : s.gpu_models) mix(std::hash<std::string>{}(model));
+    for (const std::string& model : s.gpu_models)
+      mix(std::hash<std::string>{}(model));
     return h;
   }
 };
@@ -104,7 +106,8 @@ class Cycle {
         now_(now),
         config_(config),
         allocator_(cluster) {
-    for (const RunningJob& job : running) allocator_.Commit(job.spec, job.allocation);
+    for (const RunningJob& job : running)
+      allocator_.Commit(job.spec, job.allocation);
   }
 
   Decisions Run() {
@@ -116,12 +119,12 @@ class Cycle {
       order.emplace_back(RankOf(job.spec, job.attained_gpu_ms, since, now_, config_), i);
     }
     // Callers often keep the queue in order already; skip the sort then.
-    if (!std::is_sorted(order.begin(), order.end()))
-      std::sort(order.begin(), order.end());
+    if (!std::is_sorted(order.begin(), order.end())) std::sort(order.begin(), order.end());
     if (config_.preempt || config_.order == QueueOrder::kLas) CollectVictims();
 
     decisions_.waiting.reserve(pending_.size());
-    for (const auto& [rank, index] : order) Consider(pending_[index], rank);
+    for (const auto& [rank, index] : order)
+      Consider(pending_[index], rank);
     return std::move(decisions_);
   }
 
@@ -129,8 +132,7 @@ class Cycle {
   void CollectVictims() {
     for (const RunningJob& job : running_) {
       if (!job.spec.preemptible) continue;
-      victims_.push_back(
-          {RankOf(job.spec, job.attained_gpu_ms, -1, now_, config_), &job, false});
+      victims_.push_back({RankOf(job.spec, job.attained_gpu_ms, -1, now_, config_), &job, false});
     }
     // Worst rank first; among equals the most recently started, which loses the least progress.
     std::sort(victims_.begin(), victims_.end(), [](const Victim& a, const Victim& b) {
@@ -212,7 +214,8 @@ class Cycle {
     // Candidates are the untaken victims of a strictly worse class: a prefix of victims_, which
     // is sorted worst first. Walking it only as far as needed keeps a cycle with many
     // preemptions linear in the number of running jobs.
-    while (first_untaken_ < victims_.size() && victims_[first_untaken_].taken) ++first_untaken_;
+    while (first_untaken_ < victims_.size() && victims_[first_untaken_].taken)
+      ++first_untaken_;
     auto for_each_candidate = [&](auto&& visit) {
       for (size_t i = first_untaken_; i < victims_.size(); ++i) {
         Victim& victim = victims_[i];
@@ -270,11 +273,11 @@ class Cycle {
               [](const Victim* a, const Victim* b) { return a->job->spec.id < b->job->spec.id; });
     for (Victim* victim : needed) {
       victim->taken = true;
-      const bool demoted = config_.order == QueueOrder::kLas &&
-                           victim->rank.cls.first == rank.cls.first;
-      decisions_.preemptions.push_back({victim->job->spec.id, spec.id,
-                                        demoted ? PreemptReason::kLasDemotion
-                                                : PreemptReason::kHigherPriority});
+      const bool demoted =
+          config_.order == QueueOrder::kLas && victim->rank.cls.first == rank.cls.first;
+      decisions_.preemptions.push_back(
+          {victim->job->spec.id, spec.id,
+           demoted ? PreemptReason::kLasDemotion : PreemptReason::kHigherPriority});
     }
     failed_shapes_.clear();  // capacity grew: shapes that failed before may fit now
     Start(spec, std::move(*allocation));

@@ -10,7 +10,8 @@ std::string DescribeAsk(const JobSpec& spec) {
   if (spec.Fractional()) {
     gpus = fmt::format("{:.3g} of a GPU", spec.gpu_milli_per_task / 1000.0);
   } else {
-    gpus = fmt::format("{} GPU{}", spec.WholeGpusPerTask(), spec.WholeGpusPerTask() == 1 ? "" : "s");
+    gpus =
+        fmt::format("{} GPU{}", spec.WholeGpusPerTask(), spec.WholeGpusPerTask() == 1 ? "" : "s");
   }
   std::string text = spec.tasks == 1 ? gpus : fmt::format("{} tasks of {}", spec.tasks, gpus);
   if (!spec.gpu_models.empty()) text += fmt::format(" ({})", fmt::join(spec.gpu_models, " or "));
@@ -66,8 +67,8 @@ std::string DescribeWait(WaitReason reason, const JobSpec& spec) {
     case WaitReason::kInfeasibleGpuCount:
       return fmt::format("can never run: the cluster cannot hold {} even when empty", ask);
     case WaitReason::kInfeasibleTaskShape:
-      return fmt::format(
-          "can never run: no node has the GPUs, CPU and memory for one task of {}", ask);
+      return fmt::format("can never run: no node has the GPUs, CPU and memory for one task of {}",
+                         ask);
     case WaitReason::kInfeasibleGpuModel:
       return fmt::format("can never run: the cluster has no usable GPU matching {}", ask);
   }

@@ -56,13 +56,13 @@ struct Preemption {
 // Why a job is still pending after a cycle. Infeasible reasons mean the job can never fit this
 // cluster as it is (even empty); the others mean it does not fit now.
 enum class WaitReason {
-  kInsufficientGpus,        // not enough free GPUs of the asked kind right now
-  kInsufficientCpuOrMemory, // GPUs free, but not on nodes with the CPU/memory the tasks need
-  kBlockedByQueueHead,      // strict FIFO: an earlier job is waiting
-  kReservedForEarlierJob,   // EASY backfill: would delay the reservation of an earlier job
-  kInfeasibleGpuCount,      // more GPUs than the whole usable cluster has
-  kInfeasibleTaskShape,     // no node can ever host one task (GPUs, CPU or memory per task)
-  kInfeasibleGpuModel,      // no usable GPU of the asked model / memory exists
+  kInsufficientGpus,         // not enough free GPUs of the asked kind right now
+  kInsufficientCpuOrMemory,  // GPUs free, but not on nodes with the CPU/memory the tasks need
+  kBlockedByQueueHead,       // strict FIFO: an earlier job is waiting
+  kReservedForEarlierJob,    // EASY backfill: would delay the reservation of an earlier job
+  kInfeasibleGpuCount,       // more GPUs than the whole usable cluster has
+  kInfeasibleTaskShape,      // no node can ever host one task (GPUs, CPU or memory per task)
+  kInfeasibleGpuModel,       // no usable GPU of the asked model / memory exists
 };
 
 bool IsInfeasible(WaitReason reason);

@@ -1,0 +1,576 @@
+// Randomized properties of sched::Schedule and sched::Allocator: whatever the cluster, queue and
+// configuration, the decisions must be applicable (no GPU share, CPU or memory handed out twice),
+// well formed (gang shape, constraints), complete (every pending job accounted for once),
+// deterministic, and consistent with CheckFeasible. Every case is built from a seed printed on
+// failure, so a failing case can be replayed alone.
+#include <algorithm>
+#include <iostream>
+#include <map>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/cluster.h"
+#include "sched/allocator.h"
+#include "sched/scheduler.h"
+
+namespace gpufleet::sched {
+namespace {
+
+constexpr int kScheduleCases = 600;
+constexpr int kLargeScheduleCases = 20;
+constexpr int kAllocatorCases = 200;
+
+const std::vector<std::string> kModels = {"H100-80GB", "A100-40GB"};
+
+struct Case {
+  Cluster cluster;
+  std::vector<RunningJob> running;
+  std::vector<PendingJob> pending;
+  TimeMs now = 0;
+  SchedulerConfig config;
+};
+
+class Random {
+ public:
+  explicit Random(uint64_t seed) : engine_(seed) {}
+  int64_t Int(int64_t lo, int64_t hi) {  // inclusive
+    return std::uniform_int_distribution<int64_t>(lo, hi)(engine_);
+  }
+  bool Chance(double p) { return std::bernoulli_distribution(p)(engine_); }
+  template <typename T>
+  const T& Pick(const std::vector<T>& items) {
+    return items[static_cast<size_t>(Int(0, static_cast<int64_t>(items.size()) - 1))];
+  }
+
+ private:
+  std::mt19937_64 engine_;
+};
+
+MiB MemoryOf(const std::string& model) {
+  return model == "H100-80GB" ? 81'559 : 40'960;
+}
+
+Cluster RandomCluster(Random& random, int32_t max_nodes) {
+  Cluster cluster;
+  const auto nodes = static_cast<int32_t>(random.Int(1, max_nodes));
+  const auto nodes_per_rack = static_cast<int32_t>(random.Int(1, 4));
+  const auto racks_per_spine = static_cast<int32_t>(random.Int(1, 3));
+  for (int32_t n = 0; n < nodes; ++n) {
+    Node node;
+    node.name = "n" + std::to_string(n);
+    node.rack = "r" + std::to_string(n / nodes_per_rack);
+    node.spine = "s" + std::to_string(n / nodes_per_rack / racks_per_spine);
+    node.cpu_milli = random.Pick<MilliCpu>({8'000, 32'000, 128'000});
+    node.memory_mib = random.Pick<MiB>({16'384, 65'536, 1'048'576});
+    const auto gpus = static_cast<int32_t>(random.Pick<int64_t>({0, 1, 2, 4, 4, 8, 8, 8}));
+    const int32_t island = random.Chance(0.5) ? std::max(1, gpus / 2) : std::max(1, gpus);
+    const std::string node_model = random.Pick(kModels);
+    const bool mixed = random.Chance(0.15);
+    for (int32_t g = 0; g < gpus; ++g) {
+      const std::string model = mixed ? random.Pick(kModels) : node_model;
+      node.gpus.push_back(Gpu{.uuid = node.name + "-" + std::to_string(g),
+                              .model = model,
+                              .memory_mib = MemoryOf(model),
+                              .index = g,
+                              .nvlink_island = g / island,
+                              .healthy = true});
+    }
+    cluster.nodes.push_back(std::move(node));
+  }
+  return cluster;
+}
+
+JobSpec RandomSpec(Random& random, JobId id, TimeMs now) {
+  JobSpec spec;
+  spec.id = id;
+  spec.name = "job-" + std::to_string(id);
+  spec.priority = static_cast<int32_t>(random.Int(0, 2));
+  spec.tasks = static_cast<int32_t>(random.Pick<int64_t>({1, 1, 1, 1, 2, 2, 3, 4}));
+  spec.gpu_milli_per_task = static_cast<MilliGpu>(
+      random.Pick<int64_t>({0, 250, 300, 500, 1000, 1000, 1000, 2000, 2000, 4000, 8000, 16000}));
+  if (random.Chance(0.4)) spec.cpu_milli_per_task = random.Pick<MilliCpu>({1'000, 4'000, 16'000});
+  if (random.Chance(0.3)) spec.memory_mib_per_task = random.Pick<MiB>({1'024, 8'192, 32'768});
+  if (spec.gpu_milli_per_task == 0 && spec.cpu_milli_per_task == 0) spec.cpu_milli_per_task = 2'000;
+  if (random.Chance(0.25))
+    spec.gpu_models = random.Pick<std::vector<std::string>>(
+        {{"H100-80GB"}, {"A100-40GB"}, {"A100-40GB", "H100-80GB"}, {"B200"}});
+  if (random.Chance(0.1)) spec.min_gpu_memory_mib = 50'000;
+  spec.submit_time = random.Int(0, now);
+  if (random.Chance(0.7)) spec.runtime_estimate = random.Int(1, 2'000'000);
+  spec.preemptible = random.Chance(0.8);
+  return spec;
+}
+
+SchedulerConfig RandomConfig(Random& random) {
+  SchedulerConfig config;
+  config.order = random.Pick<QueueOrder>({QueueOrder::kFifo, QueueOrder::kSjf, QueueOrder::kLas});
+  config.backfill = random.Pick<Backfill>({Backfill::kNone, Backfill::kEasy, Backfill::kFirstFit});
+  config.placement =
+      random.Pick<PlacementPolicy>({PlacementPolicy::kBinPack, PlacementPolicy::kSpread});
+  config.preempt = random.Chance(0.5);
+  config.las_queue_limits_gpu_s = random.Pick<std::vector<int64_t>>({{3200}, {100, 1000}, {50}});
+  config.las_starvation_factor = random.Chance(0.3) ? 2.0 : 0.0;
+  return config;
+}
+
+Case RandomCase(uint64_t seed, int32_t max_nodes, int32_t max_pending) {
+  Random random(seed);
+  Case c;
+  c.cluster = RandomCluster(random, max_nodes);
+  c.now = random.Int(1'000'000, 10'000'000);
+  c.config = RandomConfig(random);
+  // Running jobs are placed on the healthy cluster first; draining nodes and failing GPUs
+  // afterwards leaves some running on capacity the scheduler may no longer hand out.
+  {
+    Allocator allocator(c.cluster);
+    const int64_t attempts = random.Int(0, 3 * static_cast<int64_t>(c.cluster.nodes.size()));
+    for (int64_t i = 0; i < attempts; ++i) {
+      JobSpec spec = RandomSpec(random, static_cast<JobId>(i + 1), c.now);
+      const auto policy =
+          random.Pick<PlacementPolicy>({PlacementPolicy::kBinPack, PlacementPolicy::kSpread});
+      if (auto allocation = allocator.Place(spec, policy)) {
+        RunningJob job;
+        job.spec = std::move(spec);
+        job.allocation = std::move(*allocation);
+        job.start_time = random.Int(0, c.now);
+        job.attained_gpu_ms = random.Chance(0.5) ? random.Int(0, 10'000'000) : 0;
+        c.running.push_back(std::move(job));
+      }
+    }
+  }
+  for (Node& node : c.cluster.nodes) {
+    if (random.Chance(0.08)) node.schedulable = false;
+    for (Gpu& gpu : node.gpus)
+      if (random.Chance(0.04)) gpu.healthy = false;
+  }
+  const int64_t pending = random.Int(0, max_pending);
+  for (int64_t i = 0; i < pending; ++i) {
+    PendingJob job;
+    job.spec = RandomSpec(random, static_cast<JobId>(10'000 + i), c.now);
+    if (random.Chance(0.3)) {
+      job.attained_gpu_ms = random.Int(1, 10'000'000);
+      job.last_run_end = random.Int(job.spec.submit_time, c.now);
+      job.preemptions = static_cast<int32_t>(random.Int(1, 3));
+    }
+    c.pending.push_back(std::move(job));
+  }
+  return c;
+}
+
+std::string Describe(const Decisions& d) {
+  std::ostringstream out;
+  for (const Placement& p : d.placements) {
+    out << "place " << p.job << ":";
+    for (const TaskPlacement& t : p.allocation) {
+      out << " n" << t.node << "[";
+      for (const GpuShare& s : t.gpus)
+        out << s.gpu << "@" << s.milli << " ";
+      out << "]";
+    }
+    out << "\n";
+  }
+  for (const Preemption& p : d.preemptions)
+    out << "preempt " << p.job << " for " << p.for_job << " reason " << static_cast<int>(p.reason)
+        << "\n";
+  for (const Waiting& w : d.waiting)
+    out << "wait " << w.job << " " << WaitReasonCode(w.reason) << "\n";
+  return out.str();
+}
+
+// The preemption class the scheduler documents: priority, then (LAS only) the attained-service
+// queue, with Tiresias' starvation guard for pending jobs. Smaller is better.
+std::pair<int64_t, int64_t> ClassOf(const SchedulerConfig& config, const JobSpec& spec,
+                                    int64_t attained_gpu_ms, TimeMs waiting_since, TimeMs now) {
+  int64_t queue = 0;
+  if (config.order == QueueOrder::kLas) {
+    for (int64_t limit : config.las_queue_limits_gpu_s)
+      if (attained_gpu_ms >= limit * kMsPerSecond) ++queue;
+    if (config.las_starvation_factor > 0 && waiting_since >= 0 && spec.gpu_milli_per_task > 0) {
+      const double ran_ms = static_cast<double>(attained_gpu_ms) * kMilliPerGpu /
+                            static_cast<double>(spec.TotalGpuMilli());
+      if (ran_ms > 0 &&
+          static_cast<double>(now - waiting_since) >= config.las_starvation_factor * ran_ms)
+        queue = 0;
+    }
+  }
+  return {-int64_t{spec.priority}, queue};
+}
+
+bool GpuMatches(const Gpu& gpu, const JobSpec& spec) {
+  const bool model_ok =
+      spec.gpu_models.empty() ||
+      std::find(spec.gpu_models.begin(), spec.gpu_models.end(), gpu.model) != spec.gpu_models.end();
+  return model_ok && gpu.memory_mib >= spec.min_gpu_memory_mib;
+}
+
+// Independent ledger of what is taken, to check the allocator's own accounting against.
+struct Ledger {
+  explicit Ledger(const Cluster& cluster) : cluster_(cluster) {
+    for (const Node& node : cluster.nodes) {
+      gpu_used.emplace_back(node.gpus.size(), 0);
+      cpu_used.push_back(0);
+      memory_used.push_back(0);
+    }
+  }
+  void Add(const JobSpec& spec, const Allocation& allocation, int sign = 1) {
+    for (const TaskPlacement& task : allocation) {
+      const auto n = static_cast<size_t>(task.node);
+      cpu_used[n] += sign * spec.cpu_milli_per_task;
+      memory_used[n] += sign * spec.memory_mib_per_task;
+      for (const GpuShare& share : task.gpus)
+        gpu_used[n][static_cast<size_t>(share.gpu)] += sign * share.milli;
+    }
+  }
+  // Every over-allocation, as text; empty when none.
+  std::string Overuse() const {
+    std::ostringstream out;
+    for (size_t n = 0; n < cluster_.nodes.size(); ++n) {
+      const Node& node = cluster_.nodes[n];
+      if (cpu_used[n] > node.cpu_milli) out << node.name << " CPU " << cpu_used[n] << "; ";
+      if (memory_used[n] > node.memory_mib)
+        out << node.name << " memory " << memory_used[n] << "; ";
+      for (size_t g = 0; g < node.gpus.size(); ++g)
+        if (gpu_used[n][g] > kMilliPerGpu)
+          out << node.name << " GPU " << g << " " << gpu_used[n][g] << "; ";
+    }
+    return out.str();
+  }
+  // How many tasks of the job fit now, from the ledger alone.
+  int64_t TasksThatFit(const JobSpec& spec) const {
+    int64_t total = 0;
+    for (size_t n = 0; n < cluster_.nodes.size(); ++n) {
+      const Node& node = cluster_.nodes[n];
+      if (!node.schedulable) continue;
+      int64_t fit = std::numeric_limits<int32_t>::max();
+      if (spec.gpu_milli_per_task > 0) {
+        fit = 0;
+        for (size_t g = 0; g < node.gpus.size(); ++g) {
+          const Gpu& gpu = node.gpus[g];
+          if (!gpu.healthy || !GpuMatches(gpu, spec)) continue;
+          const int64_t free = kMilliPerGpu - gpu_used[n][g];
+          if (spec.Fractional()) {
+            fit += free / spec.gpu_milli_per_task;
+          } else {
+            fit += free == kMilliPerGpu ? 1 : 0;
+          }
+        }
+        if (!spec.Fractional()) fit /= spec.WholeGpusPerTask();
+      }
+      if (spec.cpu_milli_per_task > 0)
+        fit = std::min(fit, (node.cpu_milli - cpu_used[n]) / spec.cpu_milli_per_task);
+      if (spec.memory_mib_per_task > 0)
+        fit = std::min(fit, (node.memory_mib - memory_used[n]) / spec.memory_mib_per_task);
+      total += std::max<int64_t>(0, fit);
+    }
+    return total;
+  }
+  int64_t FreeUsableGpuMilli() const {
+    int64_t free = 0;
+    for (size_t n = 0; n < cluster_.nodes.size(); ++n) {
+      if (!cluster_.nodes[n].schedulable) continue;
+      for (size_t g = 0; g < cluster_.nodes[n].gpus.size(); ++g)
+        if (cluster_.nodes[n].gpus[g].healthy) free += kMilliPerGpu - gpu_used[n][g];
+    }
+    return free;
+  }
+
+  const Cluster& cluster_;
+  std::vector<std::vector<int64_t>> gpu_used;
+  std::vector<int64_t> cpu_used;
+  std::vector<int64_t> memory_used;
+};
+
+// Checks that a placement has the job's gang shape and only uses GPUs the job may use.
+void CheckShape(const Cluster& cluster, const JobSpec& spec, const Allocation& allocation) {
+  ASSERT_EQ(static_cast<int32_t>(allocation.size()), spec.tasks) << "job " << spec.id;
+  for (const TaskPlacement& task : allocation) {
+    ASSERT_GE(task.node, 0);
+    ASSERT_LT(task.node, static_cast<int32_t>(cluster.nodes.size()));
+    const Node& node = cluster.nodes[static_cast<size_t>(task.node)];
+    EXPECT_TRUE(node.schedulable) << "job " << spec.id << " placed on drained " << node.name;
+    if (spec.Fractional()) {
+      ASSERT_EQ(task.gpus.size(), 1u) << "job " << spec.id;
+      EXPECT_EQ(task.gpus[0].milli, spec.gpu_milli_per_task) << "job " << spec.id;
+    } else {
+      ASSERT_EQ(static_cast<int32_t>(task.gpus.size()), spec.WholeGpusPerTask())
+          << "job " << spec.id;
+    }
+    std::set<int32_t> distinct;
+    for (const GpuShare& share : task.gpus) {
+      ASSERT_GE(share.gpu, 0);
+      ASSERT_LT(share.gpu, static_cast<int32_t>(node.gpus.size()));
+      if (!spec.Fractional()) {
+        EXPECT_EQ(share.milli, kMilliPerGpu) << "job " << spec.id;
+      }
+      EXPECT_TRUE(distinct.insert(share.gpu).second) << "job " << spec.id << " repeats a GPU";
+      const Gpu& gpu = node.gpus[static_cast<size_t>(share.gpu)];
+      EXPECT_TRUE(gpu.healthy) << "job " << spec.id << " on faulty " << node.name << "/"
+                               << share.gpu;
+      EXPECT_TRUE(GpuMatches(gpu, spec))
+          << "job " << spec.id << " on " << gpu.model << " with " << gpu.memory_mib << " MiB";
+    }
+  }
+}
+
+void CheckDecisions(const Case& c, const Decisions& decisions) {
+  std::map<JobId, const PendingJob*> pending;
+  for (const PendingJob& job : c.pending)
+    pending[job.spec.id] = &job;
+  std::map<JobId, const RunningJob*> running;
+  for (const RunningJob& job : c.running)
+    running[job.spec.id] = &job;
+
+  // Every pending job exactly once, placed or waiting.
+  std::map<JobId, int> seen;
+  std::map<JobId, WaitReason> reasons;
+  for (const Placement& p : decisions.placements)
+    ++seen[p.job];
+  for (const Waiting& w : decisions.waiting) {
+    ++seen[w.job];
+    reasons[w.job] = w.reason;
+  }
+  for (const auto& [id, count] : seen) {
+    EXPECT_TRUE(pending.count(id)) << "decision about job " << id << ", which is not pending";
+    EXPECT_EQ(count, 1) << "job " << id << " decided " << count << " times";
+  }
+  EXPECT_EQ(seen.size(), pending.size());
+
+  // Preemptions: distinct, of running preemptible jobs, only when allowed, for a placed job of a
+  // strictly better class.
+  std::set<JobId> preempted;
+  for (const Preemption& p : decisions.preemptions) {
+    EXPECT_TRUE(c.config.preempt || c.config.order == QueueOrder::kLas);
+    EXPECT_TRUE(preempted.insert(p.job).second) << "job " << p.job << " preempted twice";
+    ASSERT_TRUE(running.count(p.job)) << "preempted job " << p.job << " is not running";
+    const RunningJob& victim = *running[p.job];
+    EXPECT_TRUE(victim.spec.preemptible) << "job " << p.job << " is not preemptible";
+    ASSERT_TRUE(pending.count(p.for_job));
+    EXPECT_TRUE(std::any_of(decisions.placements.begin(), decisions.placements.end(),
+                            [&](const Placement& placement) { return placement.job == p.for_job; }))
+        << "job " << p.job << " preempted for job " << p.for_job << ", which was not placed";
+    const PendingJob& winner = *pending[p.for_job];
+    const TimeMs since = winner.last_run_end >= 0 ? winner.last_run_end : winner.spec.submit_time;
+    EXPECT_LT(ClassOf(c.config, winner.spec, winner.attained_gpu_ms, since, c.now),
+              ClassOf(c.config, victim.spec, victim.attained_gpu_ms, -1, c.now))
+        << "job " << p.for_job << " preempted job " << p.job << ", which is not of a worse class";
+  }
+
+  // The decisions apply: commit into a fresh allocator (which throws on any over-allocation)
+  // and into an independent ledger.
+  Allocator allocator(c.cluster);
+  Ledger ledger(c.cluster);
+  for (const RunningJob& job : c.running) {
+    if (preempted.count(job.spec.id)) continue;
+    ASSERT_NO_THROW(allocator.Commit(job.spec, job.allocation));
+    ledger.Add(job.spec, job.allocation);
+  }
+  for (const Placement& p : decisions.placements) {
+    const JobSpec& spec = pending[p.job]->spec;
+    CheckShape(c.cluster, spec, p.allocation);
+    EXPECT_NO_THROW(allocator.Commit(spec, p.allocation)) << "job " << p.job;
+    ledger.Add(spec, p.allocation);
+  }
+  EXPECT_EQ(ledger.Overuse(), "");
+  EXPECT_EQ(allocator.FreeGpuMilli(), ledger.FreeUsableGpuMilli());
+
+  // Feasibility agrees with CheckFeasible, wherever the job was in the queue.
+  for (const PendingJob& job : c.pending) {
+    const auto infeasible = CheckFeasible(c.cluster, job.spec);
+    const auto reason = reasons.find(job.spec.id);
+    if (infeasible) {
+      ASSERT_NE(reason, reasons.end()) << "infeasible job " << job.spec.id << " was placed";
+      EXPECT_EQ(WaitReasonCode(reason->second), WaitReasonCode(*infeasible))
+          << "job " << job.spec.id;
+    } else if (reason != reasons.end()) {
+      EXPECT_FALSE(IsInfeasible(reason->second))
+          << "job " << job.spec.id << " is feasible but waits with "
+          << WaitReasonCode(reason->second);
+    }
+  }
+
+  // Reasons that belong to one backfill mode only.
+  for (const auto& [id, reason] : reasons) {
+    if (reason == WaitReason::kBlockedByQueueHead) {
+      EXPECT_EQ(c.config.backfill, Backfill::kNone) << "job " << id;
+    }
+    if (reason == WaitReason::kReservedForEarlierJob) {
+      EXPECT_EQ(c.config.backfill, Backfill::kEasy) << "job " << id;
+    }
+  }
+
+  // Without preemption in this cycle free capacity only shrinks, so a job that waits for GPUs,
+  // CPU or memory must not fit what is left after the cycle either.
+  if (decisions.preemptions.empty()) {
+    for (const auto& [id, reason] : reasons) {
+      if (reason != WaitReason::kInsufficientGpus && reason != WaitReason::kInsufficientCpuOrMemory)
+        continue;
+      const JobSpec& spec = pending[id]->spec;
+      EXPECT_LT(ledger.TasksThatFit(spec), spec.tasks)
+          << "job " << id << " waits with " << WaitReasonCode(reason) << " but fits";
+    }
+  }
+
+  // Strict FIFO without preemption: a placed job has every job ahead of it placed (or never
+  // runnable).
+  if (c.config.order == QueueOrder::kFifo && c.config.backfill == Backfill::kNone &&
+      !c.config.preempt) {
+    for (const Placement& p : decisions.placements) {
+      const JobSpec& placed = pending[p.job]->spec;
+      for (const auto& [id, reason] : reasons) {
+        const JobSpec& other = pending[id]->spec;
+        const bool ahead = std::tuple(-other.priority, other.submit_time, other.id) <
+                           std::tuple(-placed.priority, placed.submit_time, placed.id);
+        EXPECT_FALSE(ahead && !IsInfeasible(reason))
+            << "job " << p.job << " started before job " << id << " in strict FIFO";
+      }
+    }
+  }
+}
+
+bool SameDecisions(const Decisions& a, const Decisions& b) {
+  return Describe(a) == Describe(b);
+}
+
+// What the random cases exercised, so that a generator change cannot quietly make the
+// properties vacuous (no preemptions, no gangs, no infeasible jobs...).
+struct Coverage {
+  int64_t placements = 0;
+  int64_t gang_placements = 0;
+  int64_t fractional_placements = 0;
+  int64_t multi_node_gangs = 0;
+  int64_t preemptions = 0;
+  int64_t las_demotions = 0;
+  std::map<std::string, int64_t> waits;
+
+  void Add(const Case& c, const Decisions& d) {
+    for (const Placement& p : d.placements) {
+      ++placements;
+      const auto job = std::find_if(c.pending.begin(), c.pending.end(),
+                                    [&](const PendingJob& j) { return j.spec.id == p.job; });
+      if (job->spec.tasks > 1) ++gang_placements;
+      if (job->spec.Fractional()) ++fractional_placements;
+      std::set<int32_t> nodes;
+      for (const TaskPlacement& t : p.allocation)
+        nodes.insert(t.node);
+      if (nodes.size() > 1) ++multi_node_gangs;
+    }
+    for (const Preemption& p : d.preemptions) {
+      ++preemptions;
+      if (p.reason == PreemptReason::kLasDemotion) ++las_demotions;
+    }
+    for (const Waiting& w : d.waiting)
+      ++waits[WaitReasonCode(w.reason)];
+  }
+};
+
+void RunScheduleCase(uint64_t seed, int32_t max_nodes, int32_t max_pending,
+                     Coverage* coverage = nullptr) {
+  const Case c = RandomCase(seed, max_nodes, max_pending);
+  SCOPED_TRACE("seed " + std::to_string(seed) + ", " + std::to_string(c.cluster.nodes.size()) +
+               " nodes, " + std::to_string(c.running.size()) + " running, " +
+               std::to_string(c.pending.size()) + " pending, order " + Name(c.config.order) +
+               ", backfill " + Name(c.config.backfill) + ", placement " + Name(c.config.placement) +
+               (c.config.preempt ? ", preempt" : ""));
+  const Decisions first = Schedule(c.cluster, c.running, c.pending, c.now, c.config);
+  CheckDecisions(c, first);
+  if (coverage) coverage->Add(c, first);
+  const Decisions second = Schedule(c.cluster, c.running, c.pending, c.now, c.config);
+  EXPECT_TRUE(SameDecisions(first, second)) << "first:\n"
+                                            << Describe(first) << "second:\n"
+                                            << Describe(second);
+}
+
+TEST(ScheduleProperty, SmallClusters) {
+  Coverage coverage;
+  for (uint64_t seed = 1; seed <= kScheduleCases; ++seed) {
+    RunScheduleCase(seed, 12, 30, &coverage);
+    if (HasFailure()) return;  // one seed's report is enough to debug
+  }
+  // The cases must reach every kind of decision for the properties above to mean anything.
+  EXPECT_GT(coverage.placements, 1000);
+  EXPECT_GT(coverage.gang_placements, 100);
+  EXPECT_GT(coverage.fractional_placements, 100);
+  EXPECT_GT(coverage.multi_node_gangs, 20);
+  EXPECT_GT(coverage.preemptions, 50);
+  EXPECT_GT(coverage.las_demotions, 10);
+  for (const char* code : {"insufficient_gpus", "insufficient_cpu_or_memory",
+                           "blocked_by_queue_head", "reserved_for_earlier_job",
+                           "infeasible_gpu_count", "infeasible_task_shape", "infeasible_gpu_model"})
+    EXPECT_GT(coverage.waits[code], 10) << code;
+  std::ostringstream summary;
+  summary << coverage.placements << " placements (" << coverage.gang_placements << " gangs, "
+          << coverage.multi_node_gangs << " across nodes, " << coverage.fractional_placements
+          << " fractional), " << coverage.preemptions << " preemptions (" << coverage.las_demotions
+          << " LAS); waits:";
+  for (const auto& [code, count] : coverage.waits)
+    summary << ' ' << code << '=' << count;
+  RecordProperty("coverage", summary.str());
+  std::cout << summary.str() << '\n';
+}
+
+TEST(ScheduleProperty, LargerClusters) {
+  for (uint64_t seed = 100'001; seed < 100'001 + kLargeScheduleCases; ++seed) {
+    RunScheduleCase(seed, 64, 200);
+    if (HasFailure()) break;
+  }
+}
+
+TEST(ScheduleProperty, ShuffledQueueGivesTheSameDecisions) {
+  // The order is a property of the jobs, not of how the caller happens to list them.
+  for (uint64_t seed = 200'001; seed < 200'001 + 100; ++seed) {
+    Case c = RandomCase(seed, 12, 30);
+    const Decisions ordered = Schedule(c.cluster, c.running, c.pending, c.now, c.config);
+    std::shuffle(c.pending.begin(), c.pending.end(), std::mt19937_64(seed));
+    const Decisions shuffled = Schedule(c.cluster, c.running, c.pending, c.now, c.config);
+    ASSERT_TRUE(SameDecisions(ordered, shuffled)) << "seed " << seed << "\nordered:\n"
+                                                  << Describe(ordered) << "shuffled:\n"
+                                                  << Describe(shuffled);
+  }
+}
+
+TEST(AllocatorProperty, PlaceSucceedsExactlyWhenTheJobFits) {
+  for (uint64_t seed = 300'001; seed < 300'001 + kAllocatorCases; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    Random random(seed);
+    Cluster cluster = RandomCluster(random, 10);
+    for (Node& node : cluster.nodes) {
+      if (random.Chance(0.1)) node.schedulable = false;
+      for (Gpu& gpu : node.gpus)
+        if (random.Chance(0.05)) gpu.healthy = false;
+    }
+    Allocator allocator(cluster);
+    Ledger ledger(cluster);
+    std::vector<std::pair<JobSpec, Allocation>> held;
+    for (int step = 0; step < 60; ++step) {
+      if (!held.empty() && random.Chance(0.3)) {
+        const auto i = static_cast<size_t>(random.Int(0, static_cast<int64_t>(held.size()) - 1));
+        allocator.Release(held[i].first, held[i].second);
+        ledger.Add(held[i].first, held[i].second, -1);
+        held.erase(held.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        const JobSpec spec = RandomSpec(random, static_cast<JobId>(step + 1), 1'000'000);
+        const bool fits = ledger.TasksThatFit(spec) >= spec.tasks;
+        const auto policy =
+            random.Pick<PlacementPolicy>({PlacementPolicy::kBinPack, PlacementPolicy::kSpread});
+        auto allocation = allocator.Place(spec, policy);
+        ASSERT_EQ(allocation.has_value(), fits)
+            << "step " << step << ", job asks " << spec.tasks << " x " << spec.gpu_milli_per_task;
+        if (allocation) {
+          CheckShape(cluster, spec, *allocation);
+          ledger.Add(spec, *allocation);
+          held.emplace_back(spec, std::move(*allocation));
+        }
+      }
+      ASSERT_EQ(ledger.Overuse(), "") << "step " << step;
+      ASSERT_EQ(allocator.FreeGpuMilli(), ledger.FreeUsableGpuMilli()) << "step " << step;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gpufleet::sched
