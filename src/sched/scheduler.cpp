@@ -98,33 +98,36 @@ struct Victim {
 
 class Cycle {
  public:
-  Cycle(const Cluster& cluster, std::span<const RunningJob> running,
-        std::span<const PendingJob> pending, TimeMs now, const SchedulerConfig& config)
-      : cluster_(cluster),
-        running_(running),
-        pending_(pending),
-        now_(now),
-        config_(config),
-        allocator_(cluster) {
+  Cycle(const Cluster& cluster, std::span<const RunningJob> running, TimeMs now,
+        const SchedulerConfig& config)
+      : cluster_(cluster), running_(running), now_(now), config_(config), allocator_(cluster) {
     for (const RunningJob& job : running)
       allocator_.Commit(job.spec, job.allocation);
   }
 
-  Decisions Run() {
-    std::vector<std::pair<Rank, size_t>> order;
-    order.reserve(pending_.size());
-    for (size_t i = 0; i < pending_.size(); ++i) {
-      const PendingJob& job = pending_[i];
-      const TimeMs since = job.last_run_end >= 0 ? job.last_run_end : job.spec.submit_time;
-      order.emplace_back(RankOf(job.spec, job.attained_gpu_ms, since, now_, config_), i);
+  Decisions Run(std::span<const PendingJob* const> pending, const CycleOptions& options) {
+    std::vector<const PendingJob*> sorted;
+    if (!options.pending_sorted) {
+      std::vector<std::pair<Rank, const PendingJob*>> ranked;
+      ranked.reserve(pending.size());
+      for (const PendingJob* job : pending)
+        ranked.emplace_back(RankOfPending(*job), job);
+      // Callers often keep the queue in order already; skip the sort then.
+      if (!std::is_sorted(ranked.begin(), ranked.end(), RankLess))
+        std::sort(ranked.begin(), ranked.end(), RankLess);
+      sorted.reserve(ranked.size());
+      for (const auto& entry : ranked)
+        sorted.push_back(entry.second);
+      pending = sorted;
     }
-    // Callers often keep the queue in order already; skip the sort then.
-    if (!std::is_sorted(order.begin(), order.end())) std::sort(order.begin(), order.end());
     if (config_.preempt || config_.order == QueueOrder::kLas) CollectVictims();
 
-    decisions_.waiting.reserve(pending_.size());
-    for (const auto& [rank, index] : order)
-      Consider(pending_[index], rank);
+    if (options.explain_all_waiting) decisions_.waiting.reserve(pending.size());
+    for (const PendingJob* job : pending) {
+      const Rank rank = RankOfPending(*job);
+      if (!options.explain_all_waiting && NothingMoreCanStart(rank, options)) break;
+      Consider(*job, rank);
+    }
     return std::move(decisions_);
   }
 
@@ -140,6 +143,26 @@ class Cycle {
       if (a.job->start_time != b.job->start_time) return a.job->start_time > b.job->start_time;
       return a.job->spec.id > b.job->spec.id;
     });
+  }
+
+  static bool RankLess(const std::pair<Rank, const PendingJob*>& a,
+                       const std::pair<Rank, const PendingJob*>& b) {
+    return a.first < b.first;
+  }
+
+  Rank RankOfPending(const PendingJob& job) const {
+    const TimeMs since = job.last_run_end >= 0 ? job.last_run_end : job.spec.submit_time;
+    return RankOf(job.spec, job.attained_gpu_ms, since, now_, config_);
+  }
+
+  // Jobs come in order, so once this holds for one job it holds for every job behind it.
+  bool NothingMoreCanStart(const Rank& rank, const CycleOptions& options) {
+    if (head_blocked_ && config_.backfill == Backfill::kNone) return true;
+    if (allocator_.FreeGpuMilli() > 0 || options.cpu_only_pending != 0) return false;
+    // No GPU is free: only a preemption could start a job, and only by a strictly better class.
+    while (first_untaken_ < victims_.size() && victims_[first_untaken_].taken)
+      ++first_untaken_;
+    return first_untaken_ == victims_.size() || !(rank.cls < victims_[first_untaken_].rank.cls);
   }
 
   void Consider(const PendingJob& job, const Rank& rank) {
@@ -319,7 +342,6 @@ class Cycle {
 
   const Cluster& cluster_;
   std::span<const RunningJob> running_;
-  std::span<const PendingJob> pending_;
   TimeMs now_;
   const SchedulerConfig& config_;
   Allocator allocator_;
@@ -339,8 +361,27 @@ class Cycle {
 }  // namespace
 
 Decisions Schedule(const Cluster& cluster, std::span<const RunningJob> running,
+                   std::span<const PendingJob* const> pending, TimeMs now,
+                   const SchedulerConfig& config, const CycleOptions& options) {
+  return Cycle(cluster, running, now, config).Run(pending, options);
+}
+
+Decisions Schedule(const Cluster& cluster, std::span<const RunningJob> running,
                    std::span<const PendingJob> pending, TimeMs now, const SchedulerConfig& config) {
-  return Cycle(cluster, running, pending, now, config).Run();
+  std::vector<const PendingJob*> pointers;
+  pointers.reserve(pending.size());
+  for (const PendingJob& job : pending)
+    pointers.push_back(&job);
+  return Schedule(cluster, running, pointers, now, config, CycleOptions{});
+}
+
+bool PendingBefore(const PendingJob& a, const PendingJob& b, TimeMs now,
+                   const SchedulerConfig& config) {
+  auto rank = [&](const PendingJob& job) {
+    const TimeMs since = job.last_run_end >= 0 ? job.last_run_end : job.spec.submit_time;
+    return RankOf(job.spec, job.attained_gpu_ms, since, now, config);
+  };
+  return rank(a) < rank(b);
 }
 
 std::optional<WaitReason> CheckFeasible(const Cluster& cluster, const JobSpec& spec) {

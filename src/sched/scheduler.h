@@ -13,6 +13,29 @@ namespace gpufleet::sched {
 Decisions Schedule(const Cluster& cluster, std::span<const RunningJob> running,
                    std::span<const PendingJob> pending, TimeMs now, const SchedulerConfig& config);
 
+// What the caller knows about the pending queue, and how much of an answer it needs. As long as
+// what it claims is true, the placements and preemptions are the same as without it.
+struct CycleOptions {
+  // `pending` is already in the order PendingBefore() defines, so the cycle does not sort it.
+  bool pending_sorted = false;
+  // How many pending jobs ask for no GPU at all; -1 when unknown.
+  int64_t cpu_only_pending = -1;
+  // When false the cycle stops as soon as no further job can start, and `waiting` holds only the
+  // jobs it looked at. The simulator uses this so that a cycle does not touch thousands of
+  // waiting jobs that cannot start.
+  bool explain_all_waiting = true;
+};
+
+// The same cycle over pointers to pending jobs, with hints about them.
+Decisions Schedule(const Cluster& cluster, std::span<const RunningJob> running,
+                   std::span<const PendingJob* const> pending, TimeMs now,
+                   const SchedulerConfig& config, const CycleOptions& options);
+
+// The queue order of the configured policy: whether `a` is considered before `b` at `now`. Only
+// LAS with a starvation factor makes this change over time for a job that waits.
+bool PendingBefore(const PendingJob& a, const PendingJob& b, TimeMs now,
+                   const SchedulerConfig& config);
+
 // Whether the job could ever run on this cluster, were it empty; the reason if not.
 std::optional<WaitReason> CheckFeasible(const Cluster& cluster, const JobSpec& spec);
 
