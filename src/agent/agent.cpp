@@ -1,0 +1,955 @@
+#include "agent/agent.h"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "agent/executor_util.h"
+#include "agent/gpu_metrics.h"
+#include "agent/log_rotation.h"
+#include "agent/nvml_backend.h"
+
+namespace gpufleet::agent {
+namespace {
+
+using executor_internal::WallClockMs;
+
+// A log request never returns more than this (the tail of the output).
+constexpr int64_t kMaxLogBytes = int64_t{8} << 20;
+
+std::string_view Trim(std::string_view text) {
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front())))
+    text.remove_prefix(1);
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back())))
+    text.remove_suffix(1);
+  return text;
+}
+
+// A non-negative decimal number followed by a unit; nothing when malformed.
+std::optional<std::pair<double, std::string_view>> SplitNumber(std::string_view text) {
+  text = Trim(text);
+  size_t end = 0;
+  while (end < text.size() &&
+         (std::isdigit(static_cast<unsigned char>(text[end])) || text[end] == '.'))
+    ++end;
+  if (end == 0) return std::nullopt;
+  double value = 0;
+  auto [stop, status] = std::from_chars(text.data(), text.data() + end, value);
+  if (status != std::errc() || stop != text.data() + end || !std::isfinite(value) || value < 0)
+    return std::nullopt;
+  return std::pair{value, Trim(text.substr(end))};
+}
+
+std::string Timestamp() {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  ::gmtime_r(&now, &utc);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return text;
+}
+
+std::string DefaultHostname() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "localhost";
+  return name;
+}
+
+std::string NewWorkloadId() {
+  std::random_device random;
+  const uint64_t bits = (uint64_t{random()} << 32) ^ random();
+  return fmt::format("w-{:012x}", bits & 0xffffffffffffULL);
+}
+
+std::string JoinIndices(const std::vector<int32_t>& indices) {
+  return indices.empty() ? "none" : fmt::format("{}", fmt::join(indices, ","));
+}
+
+// How a finished workload ended, for the event log.
+std::string DescribeEnd(const WorkloadStatus& status) {
+  switch (status.state) {
+    case WorkloadState::kExited: {
+      std::string how = status.signal
+                            ? fmt::format("was killed by {}", SignalName(*status.signal))
+                            : fmt::format("exited with code {}", status.exit_code.value_or(-1));
+      if (status.cancelled) how += " (cancelled)";
+      if (status.timed_out) how += " (timed out)";
+      if (status.oom_killed) how += " (OOM-killed)";
+      return how;
+    }
+    case WorkloadState::kFailedToStart:
+      return "failed to start: " + status.error;
+    case WorkloadState::kLost:
+      return "is lost: " + status.error;
+    default:
+      return std::string(WorkloadStateName(status.state));
+  }
+}
+
+bool HoldsGpus(WorkloadState state) {
+  return state == WorkloadState::kStarting || state == WorkloadState::kRunning;
+}
+
+// The last `max_bytes` bytes of a file (all of it when smaller); empty when unreadable.
+std::string ReadFileTail(const std::string& path, int64_t max_bytes) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  struct stat info {};
+  std::string data;
+  if (::fstat(fd, &info) == 0 && info.st_size > 0) {
+    const int64_t size = info.st_size;
+    const int64_t want = std::min(size, max_bytes);
+    data.resize(static_cast<size_t>(want));
+    int64_t done = 0;
+    while (done < want) {
+      ssize_t got = ::pread(fd, data.data() + done, static_cast<size_t>(want - done),
+                            static_cast<off_t>(size - want + done));
+      if (got <= 0) break;
+      done += got;
+    }
+    data.resize(static_cast<size_t>(done));
+  }
+  ::close(fd);
+  return data;
+}
+
+int64_t CountLines(std::string_view text) {
+  return static_cast<int64_t>(std::count(text.begin(), text.end(), '\n')) +
+         (!text.empty() && text.back() != '\n' ? 1 : 0);
+}
+
+// The last `lines` lines of `text` (a final line without a newline counts as a line).
+std::string LastLines(const std::string& text, int64_t lines) {
+  if (lines <= 0) return "";
+  size_t position = text.size();
+  if (position > 0 && text[position - 1] == '\n') --position;
+  while (position > 0) {
+    size_t newline = text.rfind('\n', position - 1);
+    if (newline == std::string::npos) return text;
+    if (--lines == 0) return text.substr(newline + 1);
+    position = newline;
+  }
+  return text;
+}
+
+}  // namespace
+
+std::optional<MiB> ParseMemoryMib(std::string_view text) {
+  auto parsed = SplitNumber(text);
+  if (!parsed) return std::nullopt;
+  const auto [value, unit] = *parsed;
+  double mib;
+  if (unit.empty() || unit == "Mi" || unit == "MiB")
+    mib = value;
+  else if (unit == "Gi" || unit == "GiB")
+    mib = value * 1024;
+  else if (unit == "Ti" || unit == "TiB")
+    mib = value * 1024 * 1024;
+  else if (unit == "Ki" || unit == "KiB")
+    mib = value / 1024;
+  else
+    return std::nullopt;
+  if (mib > 1e15) return std::nullopt;
+  return static_cast<MiB>(std::ceil(mib));  // a limit below one MiB still limits
+}
+
+std::optional<MilliCpu> ParseCpuMilli(std::string_view text) {
+  auto parsed = SplitNumber(text);
+  if (!parsed) return std::nullopt;
+  const auto [value, unit] = *parsed;
+  double milli;
+  if (unit.empty())
+    milli = value * 1000;
+  else if (unit == "m")
+    milli = value;
+  else
+    return std::nullopt;
+  if (milli > 1e12) return std::nullopt;
+  return static_cast<MilliCpu>(std::llround(milli));
+}
+
+std::optional<TimeMs> ParseDurationMs(std::string_view text) {
+  auto parsed = SplitNumber(text);
+  if (!parsed) return std::nullopt;
+  const auto [value, unit] = *parsed;
+  double ms;
+  if (unit.empty() || unit == "s")
+    ms = value * 1000;
+  else if (unit == "ms")
+    ms = value;
+  else if (unit == "m" || unit == "min")
+    ms = value * 60'000;
+  else if (unit == "h")
+    ms = value * 3'600'000;
+  else
+    return std::nullopt;
+  if (ms > 1e15) return std::nullopt;
+  return static_cast<TimeMs>(std::llround(ms));
+}
+
+std::string SignalName(int32_t signal) {
+  const char* abbreviation = ::sigabbrev_np(signal);
+  return abbreviation ? fmt::format("SIG{}", abbreviation) : fmt::format("signal {}", signal);
+}
+
+struct AgentCore::State {
+  // What a workload that has not ended holds.
+  struct Holding {
+    std::vector<size_t> positions;  // into inventory.gpus
+    std::string job_label;          // the gpufleet_gpu_job label
+    int32_t pid = 0;
+    bool launching = false;  // reserved by Launch, not yet known to the executor
+  };
+
+  AgentOptions options;
+  std::string data_dir;
+  std::string hostname;
+  std::unique_ptr<GpuBackend> backend;
+  SimGpuBackend* sim = nullptr;  // the backend, when simulated
+  std::string driver_version;
+  GpuInventory inventory;
+  std::map<int32_t, size_t> position_of_index;
+  std::vector<std::string> startup_notes;
+  std::unique_ptr<Executor> executor;
+  std::set<std::string> adopted_ids;
+
+  // The sampling cycle. Lock order: sample_mutex, then mutex, then metrics_mutex.
+  std::mutex sample_mutex;
+  GpuHealthTracker tracker;                        // under sample_mutex
+  std::vector<std::optional<GpuHealth>> reported;  // under sample_mutex: last logged verdicts
+  std::string render_buffer;                       // under sample_mutex
+
+  mutable std::mutex mutex;
+  std::map<std::string, Holding> active;  // workloads that have not ended, GPUs or not
+  std::vector<GpuView> latest;            // per inventory position
+  mutable std::map<std::string, WorkloadSpec> spec_cache;  // a spec never changes
+
+  // What a scrape reads; never held during sampling or file I/O.
+  mutable std::mutex metrics_mutex;
+  std::shared_ptr<const std::string> metrics;
+  TimeMs last_sample_ms = 0;
+  double last_cycle_seconds = 0;
+  int64_t healthy_gpus = 0;
+  int64_t active_workloads = 0;
+
+  std::mutex wake_mutex;
+  std::condition_variable wake;
+  bool stopping = false;
+  bool sample_requested = false;  // a launch changed what the GPUs hold: sample before the tick
+  std::thread sampler;
+
+  void Log(const std::string& message) const {
+    if (options.log)
+      options.log(message);
+    else
+      fmt::print(stderr, "{} agent: {}\n", Timestamp(), message);
+  }
+  std::vector<int32_t> AllIndices() const {
+    std::vector<int32_t> indices;
+    for (const GpuInfo& info : inventory.gpus)
+      indices.push_back(info.index);
+    return indices;
+  }
+  std::vector<int32_t> IndicesOf(const std::vector<size_t>& positions) const {
+    std::vector<int32_t> indices;
+    for (size_t position : positions)
+      indices.push_back(inventory.gpus[position].index);
+    return indices;
+  }
+  void RefreshActiveLocked();
+  void SampleLocked();
+  void SamplerLoop();
+  void RequestSample();
+  void PublishCountsLocked();
+  WorkloadView ViewOf(WorkloadStatus status) const;
+  std::optional<std::vector<size_t>> ChooseGpusLocked(const LaunchRequest& request,
+                                                      AgentError& error) const;
+};
+
+void AgentCore::State::PublishCountsLocked() {
+  std::lock_guard lock(metrics_mutex);
+  active_workloads = static_cast<int64_t>(active.size());
+}
+
+// Drops the workloads that ended (their GPUs become free) and notes the pids of new ones.
+void AgentCore::State::RefreshActiveLocked() {
+  for (auto entry = active.begin(); entry != active.end();) {
+    Holding& holding = entry->second;
+    if (holding.launching) {
+      ++entry;
+      continue;
+    }
+    auto status = executor->Get(entry->first);
+    if (status.ok() && HoldsGpus(status.value().state)) {
+      holding.pid = status.value().pid;
+      ++entry;
+      continue;
+    }
+    const std::string how = status.ok() ? DescribeEnd(status.value()) : status.error();
+    Log(fmt::format("workload {} {}; GPUs {} are free", entry->first, how,
+                    JoinIndices(IndicesOf(holding.positions))));
+    entry = active.erase(entry);
+  }
+  PublishCountsLocked();
+}
+
+void AgentCore::State::SampleLocked() {
+  const auto cycle_start = std::chrono::steady_clock::now();
+  const TimeMs now = WallClockMs();
+  const size_t count = inventory.gpus.size();
+  std::vector<std::vector<std::string>> workload_ids(count);
+  std::vector<std::vector<std::string>> job_ids(count);
+  std::vector<SimGpuLoad> loads(count);
+  {
+    std::lock_guard lock(mutex);
+    RefreshActiveLocked();
+    for (const auto& [id, holding] : active) {
+      for (size_t position : holding.positions) {
+        workload_ids[position].push_back(id);
+        job_ids[position].push_back(holding.job_label);
+        // A workload without CUDA cannot really load a simulated GPU: holding one is the load.
+        loads[position].utilization = 1.0;
+        if (holding.pid > 0) loads[position].process_ids.push_back(holding.pid);
+      }
+    }
+  }
+  if (sim) {
+    sim->AdvanceTo(now);  // loads apply from the model's time: bring it to now first
+    for (size_t position = 0; position < count; ++position)
+      sim->SetLoad(inventory.gpus[position].index, loads[position]);
+  }
+  const std::vector<XidEvent> events = backend->PollEvents(now);
+  for (const XidEvent& event : events) {
+    const std::string_view description = DescribeXid(event.xid);
+    Log(fmt::format("GPU {} ({}) reported XID {}{}{}{}", event.gpu_index, event.uuid, event.xid,
+                    description.empty() ? "" : ": ", description,
+                    tracker.IsApplicationXid(event.xid)
+                        ? " (an application error: the GPU stays healthy)"
+                        : ""));
+  }
+
+  std::vector<GpuView> views(count);
+  NodeMetricsSnapshot snapshot;
+  snapshot.hostname = hostname;
+  snapshot.backend = std::string(backend->Name());
+  snapshot.driver_version = driver_version;
+  snapshot.gpus.reserve(count);
+  int64_t healthy = 0;
+  for (size_t position = 0; position < count; ++position) {
+    GpuView& view = views[position];
+    view.info = inventory.gpus[position];
+    view.sample = backend->Sample(view.info.index, now);
+    view.health = tracker.Evaluate(view.info, view.sample, events);
+    view.workload_ids = std::move(workload_ids[position]);
+    view.job_ids = std::move(job_ids[position]);
+    healthy += view.health.healthy ? 1 : 0;
+    const std::optional<GpuHealth>& before = reported[position];
+    if (!before || before->healthy != view.health.healthy ||
+        before->Reason() != view.health.Reason()) {
+      if (!view.health.healthy)
+        Log(fmt::format("GPU {} ({}) is unhealthy: {}", view.info.index, view.info.uuid,
+                        view.health.Reason()));
+      else if (before)
+        Log(fmt::format("GPU {} ({}) is healthy again", view.info.index, view.info.uuid));
+      reported[position] = view.health;
+    }
+    snapshot.gpus.push_back({view.info, view.sample, view.health, view.job_ids});
+  }
+  render_buffer.clear();
+  AppendPrometheus(snapshot, render_buffer);
+  auto text = std::make_shared<const std::string>(render_buffer);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - cycle_start).count();
+  {
+    std::lock_guard lock(mutex);
+    latest = std::move(views);
+  }
+  std::lock_guard lock(metrics_mutex);
+  metrics = std::move(text);
+  last_sample_ms = now;
+  last_cycle_seconds = seconds;
+  healthy_gpus = healthy;
+}
+
+void AgentCore::State::SamplerLoop() {
+  const auto interval = std::chrono::milliseconds(options.sample_interval_ms);
+  auto next = std::chrono::steady_clock::now() + interval;
+  std::unique_lock lock(wake_mutex);
+  for (;;) {
+    wake.wait_until(lock, next, [&] { return stopping || sample_requested; });
+    if (stopping) break;
+    const bool early = sample_requested && std::chrono::steady_clock::now() < next;
+    sample_requested = false;
+    lock.unlock();
+    {
+      std::lock_guard sampling(sample_mutex);
+      SampleLocked();
+    }
+    lock.lock();
+    if (early) continue;  // an extra sample; the regular ticks stay where they were
+    next += interval;
+    // After a stall (a slow driver call), skip the missed ticks rather than run them back to back.
+    const auto now = std::chrono::steady_clock::now();
+    if (next <= now) next = now + interval;
+  }
+}
+
+void AgentCore::State::RequestSample() {
+  if (!options.start_sampler) return;
+  {
+    std::lock_guard lock(wake_mutex);
+    sample_requested = true;
+  }
+  wake.notify_all();
+}
+
+WorkloadView AgentCore::State::ViewOf(WorkloadStatus status) const {
+  WorkloadView view;
+  {
+    std::lock_guard lock(mutex);
+    if (auto cached = spec_cache.find(status.id); cached != spec_cache.end())
+      view.spec = cached->second;
+  }
+  if (view.spec.id.empty()) {
+    if (auto spec = executor->Spec(status.id); spec.ok()) {
+      view.spec = spec.value();
+      std::lock_guard lock(mutex);
+      spec_cache[status.id] = view.spec;
+    }
+  }
+  view.adopted = adopted_ids.count(status.id) > 0;
+  view.status = std::move(status);
+  return view;
+}
+
+std::optional<std::vector<size_t>> AgentCore::State::ChooseGpusLocked(const LaunchRequest& request,
+                                                                      AgentError& error) const {
+  const size_t count = inventory.gpus.size();
+  std::vector<std::string> holder(count);
+  for (const auto& [id, holding] : active)
+    for (size_t position : holding.positions)
+      holder[position] = id;
+  auto unhealthy_reason = [&](size_t position) -> std::string {
+    if (position < latest.size() && !latest[position].health.healthy)
+      return latest[position].health.Reason();
+    return "";
+  };
+  std::vector<size_t> chosen;
+  if (request.gpu_indices) {
+    std::set<int32_t> seen;
+    for (int32_t index : *request.gpu_indices) {
+      auto found = position_of_index.find(index);
+      if (found == position_of_index.end()) {
+        error = {AgentErrorKind::kBadRequest,
+                 fmt::format("no GPU with index {} on this node (it has {})", index,
+                             JoinIndices(AllIndices()))};
+        return std::nullopt;
+      }
+      if (!seen.insert(index).second) {
+        error = {AgentErrorKind::kBadRequest, fmt::format("GPU {} is listed twice", index)};
+        return std::nullopt;
+      }
+      const size_t position = found->second;
+      if (!holder[position].empty()) {
+        error = {AgentErrorKind::kConflict,
+                 fmt::format("GPU {} is in use by workload {}", index, holder[position])};
+        return std::nullopt;
+      }
+      if (std::string reason = unhealthy_reason(position); !reason.empty()) {
+        error = {AgentErrorKind::kConflict, fmt::format("GPU {} is unhealthy: {}", index, reason)};
+        return std::nullopt;
+      }
+      chosen.push_back(position);
+    }
+    return chosen;
+  }
+  const int32_t wanted = request.gpu_count.value_or(0);
+  if (wanted == 0) return chosen;
+  if (static_cast<size_t>(wanted) > count) {
+    error = {AgentErrorKind::kBadRequest,
+             fmt::format("asked for {} GPUs; this node has {}", wanted, count)};
+    return std::nullopt;
+  }
+  // Free healthy GPUs by NVLink island. Best fit: the island with the fewest free GPUs that
+  // still holds the whole request, so larger islands stay whole for larger requests.
+  std::map<int32_t, std::vector<size_t>> free_by_island;
+  std::vector<size_t> free;
+  std::vector<std::string> unavailable;
+  for (size_t position = 0; position < count; ++position) {
+    const int32_t index = inventory.gpus[position].index;
+    if (!holder[position].empty()) {
+      unavailable.push_back(fmt::format("{} in use by {}", index, holder[position]));
+    } else if (std::string reason = unhealthy_reason(position); !reason.empty()) {
+      unavailable.push_back(fmt::format("{} unhealthy", index));
+    } else {
+      free.push_back(position);
+      free_by_island[inventory.gpus[position].nvlink_island].push_back(position);
+    }
+  }
+  if (free.size() < static_cast<size_t>(wanted)) {
+    error = {AgentErrorKind::kConflict,
+             fmt::format("asked for {} GPUs but only {} of {} are free and healthy ({})", wanted,
+                         free.size(), count, fmt::join(unavailable, "; "))};
+    return std::nullopt;
+  }
+  const std::vector<size_t>* best = nullptr;
+  for (const auto& [island, members] : free_by_island)
+    if (members.size() >= static_cast<size_t>(wanted) && (!best || members.size() < best->size()))
+      best = &members;
+  const std::vector<size_t>& pool = best ? *best : free;  // no island fits: lowest indices
+  chosen.assign(pool.begin(), pool.begin() + wanted);
+  return chosen;
+}
+
+AgentResult<std::unique_ptr<AgentCore>> AgentCore::Open(AgentOptions options) {
+  namespace fs = std::filesystem;
+  auto bad = [](std::string message) {
+    return AgentError{AgentErrorKind::kBadRequest, std::move(message)};
+  };
+  if (options.sample_interval_ms <= 0) return bad("the sampling interval must be positive");
+  if (!options.sim_gpus.empty() && !options.sim_profile.empty())
+    return bad("--sim-gpus and --sim-profile both describe simulated GPUs: give one");
+
+  auto state = std::make_unique<State>();
+  state->tracker = GpuHealthTracker(options.health);
+  state->hostname = options.hostname.empty() ? DefaultHostname() : options.hostname;
+
+  if (!options.sim_gpus.empty() || !options.sim_profile.empty()) {
+    SimNodeProfile profile;
+    try {
+      profile = options.sim_profile.empty() ? ParseSimGpusArgument(options.sim_gpus)
+                                            : LoadSimNodeProfile(options.sim_profile);
+    } catch (const SimSpecError& error) {
+      return bad(options.sim_profile.empty()
+                     ? fmt::format("--sim-gpus '{}': {}", options.sim_gpus, error.what())
+                     : fmt::format("--sim-profile: {}", error.what()));
+    } catch (const std::exception& error) {
+      return bad(fmt::format("simulated GPUs: {}", error.what()));
+    }
+    SimOptions sim_options;
+    sim_options.seed = options.sim_seed;
+    sim_options.uuid_namespace = state->hostname;
+    auto sim = std::make_unique<SimGpuBackend>(std::move(profile), sim_options);
+    state->sim = sim.get();
+    state->backend = std::move(sim);
+  } else {
+    NvmlBackend::LoadResult loaded = NvmlBackend::Load({options.nvml_library});
+    if (!loaded.backend) return AgentError{AgentErrorKind::kInternal, loaded.error};
+    if (auto missing = loaded.backend->MissingFunctions(); !missing.empty())
+      state->startup_notes.push_back(
+          fmt::format("NVML of this driver lacks {} (their metrics are not reported)",
+                      fmt::join(missing, ", ")));
+    state->backend = std::move(loaded.backend);
+  }
+  state->driver_version = state->backend->DriverVersion();
+  state->inventory = state->backend->Discover();
+  for (const std::string& problem : state->inventory.problems)
+    state->startup_notes.push_back("GPU left out: " + problem);
+  for (size_t position = 0; position < state->inventory.gpus.size(); ++position)
+    state->position_of_index[state->inventory.gpus[position].index] = position;
+  state->reported.resize(state->inventory.gpus.size());
+  for (const GpuInfo& info : state->inventory.gpus) {
+    GpuView view;
+    view.info = info;
+    state->latest.push_back(std::move(view));
+  }
+
+  std::error_code fs_error;
+  fs::path data_dir = fs::absolute(options.data_dir, fs_error);
+  if (fs_error) return bad(fmt::format("data dir '{}': {}", options.data_dir, fs_error.message()));
+  state->data_dir = data_dir.lexically_normal().string();
+  if (state->data_dir.size() > 1 && state->data_dir.back() == '/') state->data_dir.pop_back();
+
+  std::vector<std::string> shim_command = options.shim_command;
+  if (shim_command.empty()) {
+    std::error_code link_error;
+    fs::path self = fs::read_symlink("/proc/self/exe", link_error);
+    if (link_error)
+      return AgentError{
+          AgentErrorKind::kInternal,
+          fmt::format("find this program's path (/proc/self/exe): {}", link_error.message())};
+    shim_command = {self.string(), "agent-shim"};
+  }
+  ExecutorConfig executor_config;
+  executor_config.data_dir = state->data_dir;
+  executor_config.shim_command = std::move(shim_command);
+  executor_config.cgroup_mode = options.cgroup_mode;
+  auto executor = Executor::Open(std::move(executor_config));
+  if (!executor.ok()) {
+    const bool locked = executor.error().find("in use by another executor") != std::string::npos;
+    return AgentError{
+        locked ? AgentErrorKind::kConflict : AgentErrorKind::kInternal,
+        locked ? fmt::format("{}: is another gpufleet agent running over it? Stop it or pass "
+                             "another --data-dir",
+                             executor.error())
+               : executor.error()};
+  }
+  state->executor = std::move(executor.value());
+  if (!state->executor->cgroup_warning().empty())
+    state->startup_notes.push_back("no cpu/memory limits: " + state->executor->cgroup_warning());
+
+  // Workloads started by an earlier agent over this data dir keep their GPUs.
+  for (const WorkloadStatus& status : state->executor->adopted()) {
+    state->adopted_ids.insert(status.id);
+    if (!HoldsGpus(status.state)) continue;
+    auto spec = state->executor->Spec(status.id);
+    if (!spec.ok()) {
+      state->startup_notes.push_back(
+          fmt::format("adopted workload {}: {}; its GPUs are unknown", status.id, spec.error()));
+      continue;
+    }
+    State::Holding holding;
+    holding.pid = status.pid;
+    holding.job_label = spec.value().job_id != 0 ? std::to_string(spec.value().job_id) : status.id;
+    for (int32_t index : spec.value().gpu_indices) {
+      auto found = state->position_of_index.find(index);
+      if (found == state->position_of_index.end())
+        state->startup_notes.push_back(fmt::format(
+            "adopted workload {} holds GPU {}, which this node no longer has", status.id, index));
+      else
+        holding.positions.push_back(found->second);
+    }
+    state->startup_notes.push_back(fmt::format("re-adopted workload {} ({}, pid {}) on GPUs {}",
+                                               status.id, WorkloadStateName(status.state),
+                                               status.pid, JoinIndices(spec.value().gpu_indices)));
+    state->spec_cache[status.id] = spec.value();
+    state->active.emplace(status.id, std::move(holding));
+  }
+  state->options = std::move(options);
+
+  std::unique_ptr<AgentCore> core(new AgentCore(std::move(state)));
+  core->SampleNow();  // /metrics and /v1/gpus have data from the first request on
+  State& opened = *core->state_;
+  if (opened.options.start_sampler) {
+    try {
+      opened.sampler = std::thread([&opened] { opened.SamplerLoop(); });
+    } catch (const std::system_error& error) {
+      return AgentError{AgentErrorKind::kInternal,
+                        fmt::format("start the sampling thread: {}", error.what())};
+    }
+  }
+  return core;
+}
+
+AgentCore::AgentCore(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+AgentCore::~AgentCore() {
+  {
+    std::lock_guard lock(state_->wake_mutex);
+    state_->stopping = true;
+  }
+  state_->wake.notify_all();
+  if (state_->sampler.joinable()) state_->sampler.join();
+}
+
+std::string_view AgentCore::backend_name() const {
+  return state_->backend->Name();
+}
+std::string AgentCore::driver_version() const {
+  return state_->driver_version;
+}
+const std::string& AgentCore::hostname() const {
+  return state_->hostname;
+}
+const std::string& AgentCore::data_dir() const {
+  return state_->data_dir;
+}
+TimeMs AgentCore::sample_interval_ms() const {
+  return state_->options.sample_interval_ms;
+}
+const GpuInventory& AgentCore::inventory() const {
+  return state_->inventory;
+}
+bool AgentCore::simulated() const {
+  return state_->sim != nullptr;
+}
+CgroupVersion AgentCore::cgroup_version() const {
+  return state_->executor->cgroup_version();
+}
+const std::string& AgentCore::cgroup_warning() const {
+  return state_->executor->cgroup_warning();
+}
+const std::vector<WorkloadStatus>& AgentCore::adopted() const {
+  return state_->executor->adopted();
+}
+const std::vector<std::string>& AgentCore::startup_notes() const {
+  return state_->startup_notes;
+}
+
+std::string AgentCore::DescribeGpus() const {
+  std::vector<std::pair<std::string, int>> groups;  // in order of first appearance
+  for (const GpuInfo& info : state_->inventory.gpus) {
+    std::string name = fmt::format("{} ({})", info.product_name, info.model);
+    auto found = std::find_if(groups.begin(), groups.end(),
+                              [&](const auto& group) { return group.first == name; });
+    if (found == groups.end())
+      groups.emplace_back(std::move(name), 1);
+    else
+      ++found->second;
+  }
+  if (groups.empty()) return "no GPUs";
+  std::vector<std::string> parts;
+  for (const auto& [name, count] : groups)
+    parts.push_back(fmt::format("{} x {}", count, name));
+  return fmt::format("{}", fmt::join(parts, ", "));
+}
+
+void AgentCore::SampleNow() {
+  std::lock_guard lock(state_->sample_mutex);
+  state_->SampleLocked();
+}
+
+AgentSnapshot AgentCore::Snapshot() const {
+  AgentSnapshot snapshot;
+  snapshot.hostname = state_->hostname;
+  snapshot.backend = std::string(state_->backend->Name());
+  snapshot.driver_version = state_->driver_version;
+  snapshot.problems = state_->inventory.problems;
+  {
+    std::lock_guard lock(state_->mutex);
+    snapshot.gpus = state_->latest;
+  }
+  std::lock_guard lock(state_->metrics_mutex);
+  snapshot.last_sample_ms = state_->last_sample_ms;
+  return snapshot;
+}
+
+bool AgentCore::SamplerHealthy() const {
+  if (!state_->options.start_sampler) return true;  // sampled on demand only
+  TimeMs last;
+  {
+    std::lock_guard lock(state_->metrics_mutex);
+    last = state_->last_sample_ms;
+  }
+  return WallClockMs() - last < 3 * state_->options.sample_interval_ms + 1000;
+}
+
+std::string AgentCore::MetricsText() const {
+  std::shared_ptr<const std::string> gpus;
+  TimeMs last_sample_ms;
+  double cycle_seconds;
+  int64_t healthy;
+  int64_t workloads;
+  {
+    std::lock_guard lock(state_->metrics_mutex);
+    gpus = state_->metrics;
+    last_sample_ms = state_->last_sample_ms;
+    cycle_seconds = state_->last_cycle_seconds;
+    healthy = state_->healthy_gpus;
+    workloads = state_->active_workloads;
+  }
+  const std::string host = EscapeLabelValue(state_->hostname);
+  const int64_t total = static_cast<int64_t>(state_->inventory.gpus.size());
+  std::string text;
+  text.reserve((gpus ? gpus->size() : 0) + 1024);
+  if (gpus) text += *gpus;
+  fmt::format_to(
+      std::back_inserter(text),
+      "# HELP gpufleet_agent_healthy 1 when the agent samples its GPUs on time, else 0.\n"
+      "# TYPE gpufleet_agent_healthy gauge\n"
+      "gpufleet_agent_healthy{{Hostname=\"{0}\"}} {1}\n"
+      "# HELP gpufleet_agent_last_sample_timestamp_seconds When the GPUs were last sampled.\n"
+      "# TYPE gpufleet_agent_last_sample_timestamp_seconds gauge\n"
+      "gpufleet_agent_last_sample_timestamp_seconds{{Hostname=\"{0}\"}} {2:.3f}\n"
+      "# HELP gpufleet_agent_sample_duration_seconds How long the last sampling cycle took.\n"
+      "# TYPE gpufleet_agent_sample_duration_seconds gauge\n"
+      "gpufleet_agent_sample_duration_seconds{{Hostname=\"{0}\"}} {3:.6f}\n"
+      "# HELP gpufleet_agent_gpus GPUs of this node by health.\n"
+      "# TYPE gpufleet_agent_gpus gauge\n"
+      "gpufleet_agent_gpus{{Hostname=\"{0}\",state=\"healthy\"}} {4}\n"
+      "gpufleet_agent_gpus{{Hostname=\"{0}\",state=\"unhealthy\"}} {5}\n"
+      "# HELP gpufleet_agent_workloads Workloads on this node that have not ended.\n"
+      "# TYPE gpufleet_agent_workloads gauge\n"
+      "gpufleet_agent_workloads{{Hostname=\"{0}\"}} {6}\n",
+      host, SamplerHealthy() ? 1 : 0, static_cast<double>(last_sample_ms) / 1000.0, cycle_seconds,
+      healthy, total - healthy, workloads);
+  return text;
+}
+
+AgentResult<WorkloadView> AgentCore::Launch(const LaunchRequest& request) {
+  State& state = *state_;
+  auto bad = [](std::string message) {
+    return AgentError{AgentErrorKind::kBadRequest, std::move(message)};
+  };
+  if (request.argv.empty() || request.argv[0].empty())
+    return bad("argv is empty: no command to run");
+  if (request.gpu_count && request.gpu_indices)
+    return bad("give the GPUs as a count or as indices, not both");
+  if (request.gpu_count && *request.gpu_count < 0) return bad("the GPU count is negative");
+  const std::string id = request.id.empty() ? NewWorkloadId() : request.id;
+
+  std::vector<size_t> positions;
+  {
+    std::lock_guard lock(state.mutex);
+    state.RefreshActiveLocked();
+    if (state.active.count(id))
+      return AgentError{AgentErrorKind::kConflict,
+                        fmt::format("a workload with id '{}' is already running", id)};
+    AgentError error;
+    auto chosen = state.ChooseGpusLocked(request, error);
+    if (!chosen) return error;
+    positions = std::move(*chosen);
+    State::Holding holding;
+    holding.positions = positions;
+    holding.job_label = request.job_id != 0 ? std::to_string(request.job_id) : id;
+    holding.launching = true;  // the executor does not know it yet: keep the reservation
+    state.active.emplace(id, std::move(holding));
+    state.PublishCountsLocked();
+  }
+
+  WorkloadSpec spec;
+  spec.id = id;
+  spec.job_id = request.job_id;
+  spec.task_index = request.task_index;
+  spec.argv = request.argv;
+  spec.env = request.env;
+  spec.workdir = request.workdir;
+  for (size_t position : positions) {
+    spec.gpu_indices.push_back(state.inventory.gpus[position].index);
+    spec.gpu_uuids.push_back(state.inventory.gpus[position].uuid);
+  }
+  spec.cpu_milli = request.cpu_milli;
+  spec.memory_mib = request.memory_mib;
+  spec.grace_period = request.grace_period_ms;
+  spec.max_runtime = request.max_runtime_ms;
+
+  auto launched = state.executor->Launch(spec);
+  std::lock_guard lock(state.mutex);
+  if (!launched.ok()) {
+    state.active.erase(id);
+    state.PublishCountsLocked();
+    const std::string& message = launched.error();
+    AgentErrorKind kind = AgentErrorKind::kInternal;
+    if (message.rfind("invalid workload spec", 0) == 0)
+      kind = AgentErrorKind::kBadRequest;
+    else if (message.find("already exists") != std::string::npos)
+      kind = AgentErrorKind::kConflict;
+    return AgentError{kind, message};
+  }
+  const WorkloadStatus& status = launched.value();
+  state.spec_cache[id] = spec;
+  auto holding = state.active.find(id);
+  if (HoldsGpus(status.state)) {
+    holding->second.launching = false;
+    holding->second.pid = status.pid;
+    state.Log(fmt::format("workload {} {} on GPUs {} (pid {}): {}", id,
+                          WorkloadStateName(status.state), JoinIndices(spec.gpu_indices),
+                          status.pid, fmt::join(spec.argv, " ")));
+  } else {
+    state.active.erase(holding);
+    state.Log(fmt::format("workload {} {}", id, DescribeEnd(status)));
+  }
+  state.PublishCountsLocked();
+  // /metrics and /v1/gpus show the new holder (and the simulated load) without waiting a tick.
+  state.RequestSample();
+  WorkloadView view;
+  view.status = status;
+  view.spec = std::move(spec);
+  return view;
+}
+
+AgentResult<WorkloadView> AgentCore::Get(const std::string& id) const {
+  auto status = state_->executor->Get(id);
+  if (!status.ok()) return AgentError{AgentErrorKind::kNotFound, status.error()};
+  return state_->ViewOf(std::move(status.value()));
+}
+
+std::vector<WorkloadView> AgentCore::List() const {
+  std::vector<WorkloadView> views;
+  for (WorkloadStatus& status : state_->executor->List())
+    views.push_back(state_->ViewOf(std::move(status)));
+  return views;
+}
+
+AgentResult<WorkloadView> AgentCore::Cancel(const std::string& id, std::optional<TimeMs> grace_ms) {
+  if (grace_ms && *grace_ms < 0)
+    return AgentError{AgentErrorKind::kBadRequest, "the grace period is negative"};
+  auto before = state_->executor->Get(id);
+  if (!before.ok()) return AgentError{AgentErrorKind::kNotFound, before.error()};
+  auto status = state_->executor->Cancel(id, grace_ms);
+  if (!status.ok()) return AgentError{AgentErrorKind::kInternal, status.error()};
+  if (!before.value().Finished())
+    state_->Log(grace_ms ? fmt::format("cancelling workload {} (grace period {} ms)", id, *grace_ms)
+                         : fmt::format("cancelling workload {}", id));
+  return state_->ViewOf(std::move(status.value()));
+}
+
+AgentResult<std::string> AgentCore::Logs(const std::string& id, std::string_view stream,
+                                         std::optional<int64_t> tail_lines) const {
+  if (stream != "stdout" && stream != "stderr")
+    return AgentError{AgentErrorKind::kBadRequest,
+                      fmt::format("unknown log stream '{}' (stdout or stderr)", stream)};
+  if (tail_lines && *tail_lines < 0)
+    return AgentError{AgentErrorKind::kBadRequest, "tail must not be negative"};
+  auto view = Get(id);
+  if (!view.ok()) return view.error();
+  const WorkloadStatus& status = view.value().status;
+  const std::string live = stream == "stdout" ? status.stdout_log : status.stderr_log;
+  if (live.empty()) return std::string();
+  // Newest first: the live file, then stdout.log.1, .2, ... (rotated files are kept whole).
+  const int32_t keep = view.value().spec.logs.keep_files;
+  std::string text;
+  int64_t budget = kMaxLogBytes;
+  for (int32_t file = 0; file <= keep && budget > 0; ++file) {
+    const std::string path = file == 0 ? live : RotatingLogFile::RotatedPath(live, file);
+    if (file > 0 && ::access(path.c_str(), F_OK) != 0) break;
+    std::string chunk = ReadFileTail(path, budget);
+    budget -= static_cast<int64_t>(chunk.size());
+    text.insert(0, chunk);
+    if (tail_lines && CountLines(text) > *tail_lines) break;
+  }
+  if (tail_lines) return LastLines(text, *tail_lines);
+  return text;
+}
+
+std::optional<AgentError> AgentCore::Forget(const std::string& id) {
+  if (auto status = state_->executor->Get(id); !status.ok())
+    return AgentError{AgentErrorKind::kNotFound, status.error()};
+  if (auto error = state_->executor->Forget(id))
+    return AgentError{AgentErrorKind::kConflict, *error};
+  std::lock_guard lock(state_->mutex);
+  state_->spec_cache.erase(id);
+  state_->active.erase(id);
+  state_->PublishCountsLocked();
+  return std::nullopt;
+}
+
+AgentResult<GpuView> AgentCore::InjectFault(const SimFault& fault) {
+  State& state = *state_;
+  if (!state.sim)
+    return AgentError{AgentErrorKind::kConflict,
+                      fmt::format("fault injection needs simulated GPUs (--sim-gpus); this agent "
+                                  "uses the {} backend",
+                                  state.backend->Name())};
+  std::lock_guard sampling(state.sample_mutex);
+  if (auto error = state.sim->ApplyFault(fault))
+    return AgentError{AgentErrorKind::kBadRequest, *error};
+  auto found = state.position_of_index.find(fault.gpu);
+  if (found == state.position_of_index.end())
+    return AgentError{AgentErrorKind::kBadRequest, fmt::format("no GPU with index {}", fault.gpu)};
+  const GpuInfo& info = state.inventory.gpus[found->second];
+  // A simulated reset returns the GPU to service: the sticky XID and ECC verdicts go too.
+  if (fault.kind == SimFaultKind::kClear) state.tracker.ClearSticky(info.uuid);
+  state.Log(fmt::format("injected fault {} (code {}) on GPU {} ({})", Name(fault.kind), fault.code,
+                        fault.gpu, info.uuid));
+  state.SampleLocked();
+  std::lock_guard lock(state.mutex);
+  return state.latest[found->second];
+}
+
+}  // namespace gpufleet::agent

@@ -1,0 +1,49 @@
+#pragma once
+
+// The agent's HTTP API over an AgentCore (JSON; /metrics in Prometheus text). docs/agent.md
+// documents every route with examples.
+//
+//   GET  /healthz                              agent status (503 when sampling stalls)
+//   GET  /metrics                              Prometheus text 0.0.4 (dcgm-exporter names)
+//   GET  /v1/gpus                              inventory, latest sample, health, holders
+//   POST /v1/workloads                         launch {argv, env, workdir, gpus, cpu, memory, ...}
+//   GET  /v1/workloads                         all workloads
+//   GET  /v1/workloads/{id}                    one workload
+//   POST /v1/workloads/{id}/cancel             {grace} optional
+//   GET  /v1/workloads/{id}/logs               ?stream=stdout|stderr&tail=N
+//   POST /v1/sim/faults                        {gpu, kind, code}; simulated GPUs only (else 409)
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "agent/agent.h"
+#include "net/http.h"
+
+namespace gpufleet::agent {
+
+struct AgentApiOptions {
+  bool standalone = true;  // no control plane yet; reported by /healthz
+};
+
+net::Router MakeAgentRouter(AgentCore& core, AgentApiOptions options = {});
+
+// The body of POST /v1/workloads. Unknown fields, wrong types and bad quantities are errors
+// (kBadRequest) that name the field.
+AgentResult<LaunchRequest> ParseLaunchRequest(std::string_view json);
+// The body of POST /v1/sim/faults.
+AgentResult<SimFault> ParseFaultRequest(std::string_view json);
+
+std::string WorkloadJson(const WorkloadView& view);
+std::string GpuJson(const GpuView& view);
+
+// "127.0.0.1:9400" -> host and port; ":9400" and a bare "9400" mean 127.0.0.1. Port 0 asks the
+// kernel for a free one.
+struct ListenAddress {
+  std::string host;
+  uint16_t port = 0;
+};
+std::optional<ListenAddress> ParseListenAddress(std::string_view text, std::string& error);
+
+}  // namespace gpufleet::agent

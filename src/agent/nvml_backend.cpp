@@ -1,0 +1,714 @@
+#include "agent/nvml_backend.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstddef>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <optional>
+#include <tuple>
+#include <utility>
+
+#include <dlfcn.h>
+#include <fmt/format.h>
+
+#include "agent/sim_gpu_backend.h"
+
+namespace gpufleet::agent {
+namespace {
+
+// Our own declarations of the parts of NVML's C ABI we use (nvml.h is not installed on the
+// machines that build the agent). Layouts and values follow NVML's public header (API version
+// 12); the static_asserts pin the sizes the driver expects.
+namespace nvml {
+
+using Return = unsigned int;  // nvmlReturn_t: a C enum of non-negative values
+using Device = struct DeviceOpaque*;
+using EventSet = struct EventSetOpaque*;
+
+constexpr Return kSuccess = 0;
+constexpr Return kErrorInvalidArgument = 2;
+constexpr Return kErrorNotSupported = 3;
+constexpr Return kErrorNoPermission = 4;
+constexpr Return kErrorInsufficientSize = 7;
+constexpr Return kErrorTimeout = 10;
+constexpr Return kErrorFunctionNotFound = 13;
+constexpr Return kErrorGpuIsLost = 15;
+constexpr Return kErrorArgumentVersionMismatch = 25;
+
+constexpr unsigned int kTemperatureGpu = 0;          // NVML_TEMPERATURE_GPU
+constexpr unsigned int kClockSm = 1;                 // NVML_CLOCK_SM
+constexpr unsigned int kClockMem = 2;                // NVML_CLOCK_MEM
+constexpr unsigned int kMemoryErrorCorrected = 0;    // NVML_MEMORY_ERROR_TYPE_CORRECTED
+constexpr unsigned int kMemoryErrorUncorrected = 1;  // NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+constexpr unsigned int kVolatileEcc = 0;             // NVML_VOLATILE_ECC
+constexpr unsigned int kFeatureEnabled = 1;          // NVML_FEATURE_ENABLED
+constexpr unsigned int kP2pCapsIndexNvlink = 2;      // NVML_P2P_CAPS_INDEX_NVLINK
+constexpr unsigned int kP2pStatusOk = 0;             // NVML_P2P_STATUS_OK
+constexpr unsigned long long kEventTypeXidCriticalError = 0x8;
+constexpr unsigned int kNvLinkMaxLinks = 18;    // NVML_NVLINK_MAX_LINKS
+constexpr unsigned int kStringBufferSize = 96;  // NVML_DEVICE_{UUID,NAME}_V2_BUFFER_SIZE
+constexpr unsigned int kDriverVersionBufferSize = 80;
+
+struct PciInfo {  // nvmlPciInfo_t, as nvmlDeviceGetPciInfo_v3 fills it
+  char bus_id_legacy[16];
+  unsigned int domain;
+  unsigned int bus;
+  unsigned int device;
+  unsigned int pci_device_id;
+  unsigned int pci_sub_system_id;
+  char bus_id[32];
+};
+static_assert(sizeof(PciInfo) == 68);
+static_assert(offsetof(PciInfo, bus_id) == 36);
+
+struct Memory {  // nvmlMemory_t (v1)
+  unsigned long long total;
+  unsigned long long free;
+  unsigned long long used;
+};
+static_assert(sizeof(Memory) == 24);
+
+struct MemoryV2 {  // nvmlMemory_v2_t
+  unsigned int version;
+  unsigned long long total;
+  unsigned long long reserved;
+  unsigned long long free;
+  unsigned long long used;
+};
+static_assert(sizeof(MemoryV2) == 40);
+static_assert(offsetof(MemoryV2, total) == 8);
+// NVML_STRUCT_VERSION(Memory, 2)
+constexpr unsigned int kMemoryV2Version = static_cast<unsigned int>(sizeof(MemoryV2)) | (2U << 24);
+
+struct Utilization {  // nvmlUtilization_t
+  unsigned int gpu;
+  unsigned int memory;
+};
+static_assert(sizeof(Utilization) == 8);
+
+struct ProcessInfo {  // nvmlProcessInfo_v2_t, what the _v3 process queries fill
+  unsigned int pid;
+  unsigned long long used_gpu_memory;
+  unsigned int gpu_instance_id;
+  unsigned int compute_instance_id;
+};
+static_assert(sizeof(ProcessInfo) == 24);
+
+struct EventData {  // nvmlEventData_t as nvmlEventSetWait_v2 fills it
+  Device device;
+  unsigned long long event_type;
+  unsigned long long event_data;  // the XID for nvmlEventTypeXidCriticalError
+  unsigned int gpu_instance_id;
+  unsigned int compute_instance_id;
+};
+static_assert(sizeof(EventData) == 32);
+static_assert(offsetof(EventData, event_data) == 16);
+
+}  // namespace nvml
+
+// A (domain, bus, device) PCI address: compared numerically because the legacy and the current
+// bus id strings differ in format.
+using PciKey = std::tuple<unsigned int, unsigned int, unsigned int>;
+PciKey KeyOf(const nvml::PciInfo& pci) {
+  return {pci.domain, pci.bus, pci.device};
+}
+
+// The bytes up to the first NUL, never past the buffer.
+std::string FromBuffer(const char* buffer, size_t size) {
+  return std::string(buffer, std::find(buffer, buffer + size, '\0'));
+}
+
+class UnionFind {
+ public:
+  explicit UnionFind(size_t size) : parent_(size) {
+    std::iota(parent_.begin(), parent_.end(), size_t{0});
+  }
+  size_t Find(size_t x) {
+    while (parent_[x] != x)
+      x = parent_[x] = parent_[parent_[x]];
+    return x;
+  }
+  void Join(size_t a, size_t b) {
+    a = Find(a);
+    b = Find(b);
+    if (a != b) parent_[std::max(a, b)] = std::min(a, b);
+  }
+
+ private:
+  std::vector<size_t> parent_;
+};
+
+}  // namespace
+
+struct NvmlBackend::State {
+  void* library = nullptr;
+  std::string library_path;
+  std::vector<std::string> missing_functions;
+
+  // Required: without these there is nothing to report.
+  nvml::Return (*init_v2)() = nullptr;
+  nvml::Return (*shutdown)() = nullptr;
+  nvml::Return (*device_get_count_v2)(unsigned int*) = nullptr;
+  nvml::Return (*device_get_handle_by_index_v2)(unsigned int, nvml::Device*) = nullptr;
+  nvml::Return (*device_get_uuid)(nvml::Device, char*, unsigned int) = nullptr;
+  // Optional: a missing one makes its field "not supported".
+  const char* (*error_string)(nvml::Return) = nullptr;
+  nvml::Return (*system_get_driver_version)(char*, unsigned int) = nullptr;
+  nvml::Return (*device_get_name)(nvml::Device, char*, unsigned int) = nullptr;
+  nvml::Return (*device_get_pci_info_v3)(nvml::Device, nvml::PciInfo*) = nullptr;
+  nvml::Return (*device_get_memory_info_v2)(nvml::Device, nvml::MemoryV2*) = nullptr;
+  nvml::Return (*device_get_memory_info)(nvml::Device, nvml::Memory*) = nullptr;
+  nvml::Return (*device_get_utilization_rates)(nvml::Device, nvml::Utilization*) = nullptr;
+  nvml::Return (*device_get_temperature)(nvml::Device, unsigned int, unsigned int*) = nullptr;
+  nvml::Return (*device_get_power_usage)(nvml::Device, unsigned int*) = nullptr;
+  nvml::Return (*device_get_enforced_power_limit)(nvml::Device, unsigned int*) = nullptr;
+  nvml::Return (*device_get_clock_info)(nvml::Device, unsigned int, unsigned int*) = nullptr;
+  nvml::Return (*device_get_total_energy_consumption)(nvml::Device, unsigned long long*) = nullptr;
+  nvml::Return (*device_get_total_ecc_errors)(nvml::Device, unsigned int, unsigned int,
+                                              unsigned long long*) = nullptr;
+  nvml::Return (*device_get_remapped_rows)(nvml::Device, unsigned int*, unsigned int*,
+                                           unsigned int*, unsigned int*) = nullptr;
+  nvml::Return (*device_get_throttle_reasons)(nvml::Device, unsigned long long*) = nullptr;
+  nvml::Return (*device_get_compute_running_processes_v3)(nvml::Device, unsigned int*,
+                                                          nvml::ProcessInfo*) = nullptr;
+  nvml::Return (*device_get_nvlink_state)(nvml::Device, unsigned int, unsigned int*) = nullptr;
+  nvml::Return (*device_get_nvlink_remote_pci_info_v2)(nvml::Device, unsigned int,
+                                                       nvml::PciInfo*) = nullptr;
+  nvml::Return (*device_get_p2p_status)(nvml::Device, nvml::Device, unsigned int,
+                                        unsigned int*) = nullptr;
+  nvml::Return (*event_set_create)(nvml::EventSet*) = nullptr;
+  nvml::Return (*device_register_events)(nvml::Device, unsigned long long,
+                                         nvml::EventSet) = nullptr;
+  nvml::Return (*event_set_wait)(nvml::EventSet, nvml::EventData*, unsigned int) = nullptr;
+  nvml::Return (*event_set_free)(nvml::EventSet) = nullptr;
+
+  bool initialized = false;
+  std::string driver_version;
+  GpuInventory inventory;
+  std::vector<nvml::Device> handles;  // by NVML index; null for GPUs left out of the inventory
+  nvml::EventSet event_set = nullptr;
+  std::mutex events_mutex;  // NVML does not promise that concurrent waits on one set are safe
+
+  ~State() {
+    if (event_set != nullptr && event_set_free != nullptr) event_set_free(event_set);
+    if (initialized) shutdown();
+    if (library != nullptr) dlclose(library);
+  }
+
+  template <typename Function>
+  bool Resolve(const char* name, Function& function) {
+    // POSIX guarantees dlsym's object pointer converts to a function pointer.
+    function = reinterpret_cast<Function>(dlsym(library, name));
+    return function != nullptr;
+  }
+
+  template <typename Function>
+  void ResolveOptional(const char* name, Function& function) {
+    if (!Resolve(name, function)) missing_functions.emplace_back(name);
+  }
+
+  // For functions NVML renamed or versioned: the older name has the same signature.
+  template <typename Function>
+  void ResolveOptional(const char* name, const char* older_name, Function& function) {
+    if (!Resolve(name, function) && !Resolve(older_name, function)) {
+      missing_functions.emplace_back(name);
+    }
+  }
+
+  std::string ErrorText(nvml::Return result) const {
+    const char* text = error_string != nullptr ? error_string(result) : nullptr;
+    return text != nullptr ? fmt::format("{} (NVML error {})", text, result)
+                           : fmt::format("NVML error {}", result);
+  }
+
+  std::string ReadString(nvml::Return (*function)(nvml::Device, char*, unsigned int),
+                         nvml::Device device, nvml::Return& result) const {
+    char buffer[nvml::kStringBufferSize] = {};
+    result = function(device, buffer, sizeof(buffer));
+    return FromBuffer(buffer, sizeof(buffer));
+  }
+
+  void Enumerate();
+  std::vector<int32_t> NvlinkIslands(const std::vector<nvml::Device>& devices,
+                                     const std::vector<std::optional<PciKey>>& addresses);
+  void RegisterEvents();
+};
+
+namespace {
+
+bool IsNotSupported(nvml::Return result) {
+  return result == nvml::kErrorNotSupported || result == nvml::kErrorFunctionNotFound;
+}
+
+// Reads the optional fields of one sample: records why a read failed (unless the field is just
+// not supported) and notices a lost GPU, after which nothing more is asked of it.
+class FieldReader {
+ public:
+  FieldReader(const NvmlBackend::State& state, GpuSample& sample)
+      : state_(state), sample_(sample) {}
+
+  bool lost() const { return lost_; }
+  // Whether `function` is there to call and the GPU is still answering.
+  template <typename Function>
+  bool CanCall(Function function) const {
+    return function != nullptr && !lost_;
+  }
+  bool Ok(nvml::Return result, std::string_view function) {
+    if (result == nvml::kSuccess) return true;
+    if (result == nvml::kErrorGpuIsLost) {
+      lost_ = true;
+      lost_message_ = fmt::format("{}: {}", function, state_.ErrorText(result));
+    } else if (!IsNotSupported(result)) {
+      sample_.warnings.push_back(fmt::format("{}: {}", function, state_.ErrorText(result)));
+    }
+    return false;
+  }
+  const std::string& lost_message() const { return lost_message_; }
+
+ private:
+  const NvmlBackend::State& state_;
+  GpuSample& sample_;
+  bool lost_ = false;
+  std::string lost_message_;
+};
+
+MiB BytesToMiB(unsigned long long bytes) {
+  return static_cast<MiB>(bytes >> 20);
+}
+
+std::vector<std::string_view> Words(std::string_view text) {
+  std::vector<std::string_view> words;
+  size_t start = 0;
+  for (size_t i = 0; i <= text.size(); ++i) {
+    if (i == text.size() || text[i] == ' ' || text[i] == '-') {
+      if (i > start) words.push_back(text.substr(start, i - start));
+      start = i + 1;
+    }
+  }
+  return words;
+}
+
+}  // namespace
+
+void NvmlBackend::State::Enumerate() {
+  unsigned int count = 0;
+  if (const nvml::Return result = device_get_count_v2(&count); result != nvml::kSuccess) {
+    inventory.problems.push_back(
+        fmt::format("nvmlDeviceGetCount_v2 failed: {}", ErrorText(result)));
+    return;
+  }
+  handles.assign(count, nullptr);
+  std::vector<nvml::Device> devices;  // of the GPUs in the inventory, in index order
+  std::vector<std::optional<PciKey>> addresses;
+  for (unsigned int index = 0; index < count; ++index) {
+    nvml::Device device = nullptr;
+    nvml::Return result = device_get_handle_by_index_v2(index, &device);
+    if (result != nvml::kSuccess) {
+      inventory.problems.push_back(fmt::format("GPU {}: nvmlDeviceGetHandleByIndex_v2 failed: {}",
+                                               index, ErrorText(result)));
+      continue;
+    }
+    GpuInfo info;
+    info.index = static_cast<int32_t>(index);
+    info.uuid = ReadString(device_get_uuid, device, result);
+    if (result != nvml::kSuccess || info.uuid.empty()) {
+      // The UUID is the key the rest of gpufleet uses: a GPU without one cannot be scheduled.
+      inventory.problems.push_back(
+          fmt::format("GPU {}: nvmlDeviceGetUUID failed: {}", index, ErrorText(result)));
+      continue;
+    }
+    if (device_get_name != nullptr) {
+      info.product_name = ReadString(device_get_name, device, result);
+      if (result != nvml::kSuccess) info.product_name.clear();
+    }
+    nvml::PciInfo pci{};
+    std::optional<PciKey> address;
+    if (device_get_pci_info_v3 != nullptr &&
+        device_get_pci_info_v3(device, &pci) == nvml::kSuccess) {
+      info.pci_bus_id = FromBuffer(pci.bus_id, sizeof(pci.bus_id));
+      address = KeyOf(pci);
+    }
+    nvml::MemoryV2 memory_v2{};
+    memory_v2.version = nvml::kMemoryV2Version;
+    nvml::Memory memory_v1{};
+    if (device_get_memory_info_v2 != nullptr &&
+        device_get_memory_info_v2(device, &memory_v2) == nvml::kSuccess) {
+      info.memory_total_mib = BytesToMiB(memory_v2.total);
+    } else if (device_get_memory_info != nullptr &&
+               device_get_memory_info(device, &memory_v1) == nvml::kSuccess) {
+      info.memory_total_mib = BytesToMiB(memory_v1.total);
+    }
+    unsigned int limit_mw = 0;
+    if (device_get_enforced_power_limit != nullptr &&
+        device_get_enforced_power_limit(device, &limit_mw) == nvml::kSuccess) {
+      info.power_limit_w = limit_mw / 1000.0;
+    }
+    info.model = info.product_name.empty() ? std::string("unknown")
+                                           : GpuModelKey(info.product_name, info.memory_total_mib);
+    handles[index] = device;
+    devices.push_back(device);
+    addresses.push_back(address);
+    inventory.gpus.push_back(std::move(info));
+  }
+  const std::vector<int32_t> islands = NvlinkIslands(devices, addresses);
+  for (size_t i = 0; i < inventory.gpus.size(); ++i)
+    inventory.gpus[i].nvlink_island = islands[i];
+}
+
+std::vector<int32_t> NvmlBackend::State::NvlinkIslands(
+    const std::vector<nvml::Device>& devices, const std::vector<std::optional<PciKey>>& addresses) {
+  const size_t count = devices.size();
+  UnionFind islands(count);
+  std::map<PciKey, size_t> first_gpu_on_switch;  // a non-GPU link end: an NVSwitch (or bridge)
+  std::vector<size_t> unresolved;  // GPUs with active links whose far end NVML would not name
+  for (size_t i = 0; i < count && device_get_nvlink_state != nullptr; ++i) {
+    bool has_unresolved_link = false;
+    for (unsigned int link = 0; link < nvml::kNvLinkMaxLinks; ++link) {
+      unsigned int active = 0;
+      const nvml::Return state_result = device_get_nvlink_state(devices[i], link, &active);
+      if (state_result == nvml::kErrorNotSupported) break;  // no NVLink on this GPU
+      // Links past the GPU's last one answer "invalid argument"; skip them and any errors.
+      if (state_result != nvml::kSuccess || active != nvml::kFeatureEnabled) continue;
+      nvml::PciInfo remote{};
+      if (device_get_nvlink_remote_pci_info_v2 == nullptr ||
+          device_get_nvlink_remote_pci_info_v2(devices[i], link, &remote) != nvml::kSuccess) {
+        has_unresolved_link = true;
+        continue;
+      }
+      const PciKey far_end = KeyOf(remote);
+      const auto peer = std::find(addresses.begin(), addresses.end(), std::optional(far_end));
+      if (peer != addresses.end()) {
+        islands.Join(i, static_cast<size_t>(peer - addresses.begin()));
+      } else {
+        // GPUs on the same switch are one island (unnamed switches all report one address).
+        const auto [entry, inserted] = first_gpu_on_switch.emplace(far_end, i);
+        if (!inserted) islands.Join(i, entry->second);
+      }
+    }
+    if (has_unresolved_link) unresolved.push_back(i);
+  }
+  // Far ends NVML would not name: ask directly whether two such GPUs talk over NVLink.
+  for (size_t a = 0; a < unresolved.size(); ++a) {
+    for (size_t b = a + 1; b < unresolved.size(); ++b) {
+      unsigned int status = ~0U;
+      if (device_get_p2p_status != nullptr &&
+          device_get_p2p_status(devices[unresolved[a]], devices[unresolved[b]],
+                                nvml::kP2pCapsIndexNvlink, &status) == nvml::kSuccess &&
+          status == nvml::kP2pStatusOk) {
+        islands.Join(unresolved[a], unresolved[b]);
+      }
+    }
+  }
+  if (!unresolved.empty() && device_get_p2p_status == nullptr) {
+    inventory.problems.push_back(
+        "NVLink peers could not be identified (nvmlDeviceGetNvLinkRemotePciInfo_v2 and "
+        "nvmlDeviceGetP2PStatus unavailable): GPUs with NVLink are reported as separate islands");
+  }
+  // Dense ids in order of each island's lowest GPU.
+  std::vector<int32_t> ids(count, -1);
+  std::map<size_t, int32_t> id_of_root;
+  for (size_t i = 0; i < count; ++i) {
+    const auto [entry, inserted] =
+        id_of_root.emplace(islands.Find(i), static_cast<int32_t>(id_of_root.size()));
+    ids[i] = entry->second;
+  }
+  return ids;
+}
+
+void NvmlBackend::State::RegisterEvents() {
+  if (event_set_create == nullptr || device_register_events == nullptr ||
+      event_set_wait == nullptr) {
+    return;
+  }
+  if (const nvml::Return result = event_set_create(&event_set); result != nvml::kSuccess) {
+    event_set = nullptr;
+    inventory.problems.push_back(fmt::format(
+        "nvmlEventSetCreate failed: {}: XID errors will not be seen", ErrorText(result)));
+    return;
+  }
+  for (GpuInfo& gpu : inventory.gpus) {
+    const nvml::Return result = device_register_events(handles[static_cast<size_t>(gpu.index)],
+                                                       nvml::kEventTypeXidCriticalError, event_set);
+    gpu.xid_events_supported = result == nvml::kSuccess;
+    if (result != nvml::kSuccess && !IsNotSupported(result)) {
+      inventory.problems.push_back(
+          fmt::format("GPU {}: XID events unavailable: {}", gpu.index, ErrorText(result)));
+    }
+  }
+}
+
+NvmlBackend::LoadResult NvmlBackend::Load(const NvmlOptions& options) {
+  auto state = std::make_unique<State>();
+  state->library_path = options.library_path;
+  state->library = dlopen(options.library_path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (state->library == nullptr) {
+    const char* reason = dlerror();
+    return {nullptr,
+            fmt::format("cannot load NVML ({}): {}. Is the NVIDIA driver installed? To run "
+                        "without GPUs, simulate them with --sim-gpus COUNTxMODEL (e.g. "
+                        "--sim-gpus 8xH100-80GB)",
+                        options.library_path, reason != nullptr ? reason : "unknown error")};
+  }
+
+  std::vector<std::string> missing_required;
+  auto require = [&](const char* name, auto& function) {
+    if (!state->Resolve(name, function)) missing_required.emplace_back(name);
+  };
+  require("nvmlInit_v2", state->init_v2);
+  require("nvmlShutdown", state->shutdown);
+  require("nvmlDeviceGetCount_v2", state->device_get_count_v2);
+  require("nvmlDeviceGetHandleByIndex_v2", state->device_get_handle_by_index_v2);
+  require("nvmlDeviceGetUUID", state->device_get_uuid);
+  if (!missing_required.empty()) {
+    std::string names;
+    for (const std::string& name : missing_required)
+      names += (names.empty() ? "" : ", ") + name;
+    return {nullptr, fmt::format("{} is not a usable NVML library: it lacks {} (driver too old?)",
+                                 options.library_path, names)};
+  }
+  state->ResolveOptional("nvmlErrorString", state->error_string);
+  state->ResolveOptional("nvmlSystemGetDriverVersion", state->system_get_driver_version);
+  state->ResolveOptional("nvmlDeviceGetName", state->device_get_name);
+  state->ResolveOptional("nvmlDeviceGetPciInfo_v3", state->device_get_pci_info_v3);
+  state->ResolveOptional("nvmlDeviceGetMemoryInfo_v2", state->device_get_memory_info_v2);
+  state->ResolveOptional("nvmlDeviceGetMemoryInfo", state->device_get_memory_info);
+  state->ResolveOptional("nvmlDeviceGetUtilizationRates", state->device_get_utilization_rates);
+  state->ResolveOptional("nvmlDeviceGetTemperature", state->device_get_temperature);
+  state->ResolveOptional("nvmlDeviceGetPowerUsage", state->device_get_power_usage);
+  state->ResolveOptional("nvmlDeviceGetEnforcedPowerLimit", state->device_get_enforced_power_limit);
+  state->ResolveOptional("nvmlDeviceGetClockInfo", state->device_get_clock_info);
+  state->ResolveOptional("nvmlDeviceGetTotalEnergyConsumption",
+                         state->device_get_total_energy_consumption);
+  state->ResolveOptional("nvmlDeviceGetTotalEccErrors", state->device_get_total_ecc_errors);
+  state->ResolveOptional("nvmlDeviceGetRemappedRows", state->device_get_remapped_rows);
+  // Renamed to "clocks event reasons" in R535, which keeps the old name as well.
+  state->ResolveOptional("nvmlDeviceGetCurrentClocksThrottleReasons",
+                         "nvmlDeviceGetCurrentClocksEventReasons",
+                         state->device_get_throttle_reasons);
+  state->ResolveOptional("nvmlDeviceGetComputeRunningProcesses_v3",
+                         state->device_get_compute_running_processes_v3);
+  state->ResolveOptional("nvmlDeviceGetNvLinkState", state->device_get_nvlink_state);
+  state->ResolveOptional("nvmlDeviceGetNvLinkRemotePciInfo_v2",
+                         state->device_get_nvlink_remote_pci_info_v2);
+  state->ResolveOptional("nvmlDeviceGetP2PStatus", state->device_get_p2p_status);
+  state->ResolveOptional("nvmlEventSetCreate", state->event_set_create);
+  state->ResolveOptional("nvmlDeviceRegisterEvents", state->device_register_events);
+  // The v1 call fills the first 24 bytes of the same struct.
+  state->ResolveOptional("nvmlEventSetWait_v2", "nvmlEventSetWait", state->event_set_wait);
+  state->ResolveOptional("nvmlEventSetFree", state->event_set_free);
+
+  if (const nvml::Return result = state->init_v2(); result != nvml::kSuccess) {
+    return {nullptr, fmt::format("nvmlInit_v2 failed: {}. Is the NVIDIA kernel driver loaded?",
+                                 state->ErrorText(result))};
+  }
+  state->initialized = true;
+  if (state->system_get_driver_version != nullptr) {
+    char buffer[nvml::kDriverVersionBufferSize] = {};
+    if (state->system_get_driver_version(buffer, sizeof(buffer)) == nvml::kSuccess) {
+      state->driver_version = FromBuffer(buffer, sizeof(buffer));
+    }
+  }
+  state->Enumerate();
+  state->RegisterEvents();
+  return {std::unique_ptr<NvmlBackend>(new NvmlBackend(std::move(state))), ""};
+}
+
+NvmlBackend::NvmlBackend(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+NvmlBackend::~NvmlBackend() = default;
+
+std::string NvmlBackend::DriverVersion() const {
+  return state_->driver_version;
+}
+
+GpuInventory NvmlBackend::Discover() {
+  return state_->inventory;
+}
+
+std::vector<std::string> NvmlBackend::MissingFunctions() const {
+  return state_->missing_functions;
+}
+
+GpuSample NvmlBackend::Sample(int32_t index, TimeMs now) {
+  const State& s = *state_;
+  GpuSample sample;
+  sample.time = now;
+  if (index < 0 || static_cast<size_t>(index) >= s.handles.size() ||
+      s.handles[static_cast<size_t>(index)] == nullptr) {
+    sample.status = SampleStatus::kUnknownGpu;
+    sample.error = fmt::format("no usable GPU with index {}", index);
+    return sample;
+  }
+  const nvml::Device device = s.handles[static_cast<size_t>(index)];
+  FieldReader reader(s, sample);
+
+  if (reader.CanCall(s.device_get_utilization_rates)) {
+    nvml::Utilization utilization{};
+    if (reader.Ok(s.device_get_utilization_rates(device, &utilization),
+                  "nvmlDeviceGetUtilizationRates")) {
+      sample.utilization_percent = static_cast<int32_t>(utilization.gpu);
+    }
+  }
+  if (reader.CanCall(s.device_get_memory_info_v2)) {
+    nvml::MemoryV2 memory{};
+    memory.version = nvml::kMemoryV2Version;
+    const nvml::Return result = s.device_get_memory_info_v2(device, &memory);
+    if (result == nvml::kErrorArgumentVersionMismatch) {
+      // Fall through to v1 below.
+    } else if (reader.Ok(result, "nvmlDeviceGetMemoryInfo_v2")) {
+      sample.memory_used_mib = BytesToMiB(memory.used);
+      sample.memory_free_mib = BytesToMiB(memory.free);
+    }
+  }
+  if (!sample.memory_used_mib && reader.CanCall(s.device_get_memory_info)) {
+    nvml::Memory memory{};
+    if (reader.Ok(s.device_get_memory_info(device, &memory), "nvmlDeviceGetMemoryInfo")) {
+      sample.memory_used_mib = BytesToMiB(memory.used);
+      sample.memory_free_mib = BytesToMiB(memory.free);
+    }
+  }
+  if (reader.CanCall(s.device_get_temperature)) {
+    unsigned int celsius = 0;
+    if (reader.Ok(s.device_get_temperature(device, nvml::kTemperatureGpu, &celsius),
+                  "nvmlDeviceGetTemperature")) {
+      sample.temperature_c = static_cast<int32_t>(celsius);
+    }
+  }
+  if (reader.CanCall(s.device_get_power_usage)) {
+    unsigned int milliwatts = 0;
+    if (reader.Ok(s.device_get_power_usage(device, &milliwatts), "nvmlDeviceGetPowerUsage")) {
+      sample.power_w = milliwatts / 1000.0;
+    }
+  }
+  if (reader.CanCall(s.device_get_clock_info)) {
+    unsigned int mhz = 0;
+    if (reader.Ok(s.device_get_clock_info(device, nvml::kClockSm, &mhz),
+                  "nvmlDeviceGetClockInfo(SM)")) {
+      sample.sm_clock_mhz = static_cast<int32_t>(mhz);
+    }
+  }
+  if (reader.CanCall(s.device_get_clock_info)) {
+    unsigned int mhz = 0;
+    if (reader.Ok(s.device_get_clock_info(device, nvml::kClockMem, &mhz),
+                  "nvmlDeviceGetClockInfo(MEM)")) {
+      sample.memory_clock_mhz = static_cast<int32_t>(mhz);
+    }
+  }
+  if (reader.CanCall(s.device_get_total_energy_consumption)) {
+    unsigned long long millijoules = 0;
+    if (reader.Ok(s.device_get_total_energy_consumption(device, &millijoules),
+                  "nvmlDeviceGetTotalEnergyConsumption")) {
+      sample.total_energy_mj = millijoules;
+    }
+  }
+  if (reader.CanCall(s.device_get_total_ecc_errors)) {
+    unsigned long long count = 0;
+    if (reader.Ok(s.device_get_total_ecc_errors(device, nvml::kMemoryErrorCorrected,
+                                                nvml::kVolatileEcc, &count),
+                  "nvmlDeviceGetTotalEccErrors(corrected)")) {
+      sample.ecc_single_bit_volatile = count;
+    }
+  }
+  if (reader.CanCall(s.device_get_total_ecc_errors)) {
+    unsigned long long count = 0;
+    if (reader.Ok(s.device_get_total_ecc_errors(device, nvml::kMemoryErrorUncorrected,
+                                                nvml::kVolatileEcc, &count),
+                  "nvmlDeviceGetTotalEccErrors(uncorrected)")) {
+      sample.ecc_double_bit_volatile = count;
+    }
+  }
+  if (reader.CanCall(s.device_get_remapped_rows)) {
+    unsigned int correctable = 0;
+    unsigned int uncorrectable = 0;
+    unsigned int pending = 0;
+    unsigned int failure = 0;
+    if (reader.Ok(
+            s.device_get_remapped_rows(device, &correctable, &uncorrectable, &pending, &failure),
+            "nvmlDeviceGetRemappedRows")) {
+      sample.remapped_rows = RemappedRows{correctable, uncorrectable, pending != 0, failure != 0};
+    }
+  }
+  if (reader.CanCall(s.device_get_throttle_reasons)) {
+    unsigned long long reasons = 0;
+    if (reader.Ok(s.device_get_throttle_reasons(device, &reasons),
+                  "nvmlDeviceGetCurrentClocksThrottleReasons")) {
+      sample.throttle_reasons = reasons;
+    }
+  }
+  if (reader.CanCall(s.device_get_compute_running_processes_v3)) {
+    // Ask, and ask again with more room while processes keep starting.
+    std::vector<nvml::ProcessInfo> processes(32);
+    for (int attempt = 0; attempt < 4; ++attempt) {
+      unsigned int count = static_cast<unsigned int>(processes.size());
+      const nvml::Return result =
+          s.device_get_compute_running_processes_v3(device, &count, processes.data());
+      if (result == nvml::kErrorInsufficientSize) {
+        processes.resize(std::max<size_t>(count, processes.size()) + 16);
+        continue;
+      }
+      if (reader.Ok(result, "nvmlDeviceGetComputeRunningProcesses_v3")) {
+        std::vector<int32_t> pids;
+        for (unsigned int i = 0; i < count && i < processes.size(); ++i) {
+          pids.push_back(static_cast<int32_t>(processes[i].pid));
+        }
+        sample.process_ids = std::move(pids);
+      }
+      break;
+    }
+  }
+
+  if (reader.lost()) {
+    GpuSample lost;
+    lost.time = now;
+    lost.status = SampleStatus::kGpuLost;
+    lost.error = reader.lost_message();
+    return lost;
+  }
+  return sample;
+}
+
+std::vector<XidEvent> NvmlBackend::PollEvents(TimeMs now) {
+  State& s = *state_;
+  std::vector<XidEvent> events;
+  if (s.event_set == nullptr) return events;
+  std::lock_guard lock(s.events_mutex);
+  // Bounded so that an event storm cannot stall the sampling thread.
+  for (int i = 0; i < 256; ++i) {
+    nvml::EventData data{};
+    const nvml::Return result = s.event_set_wait(s.event_set, &data, 0);
+    if (result != nvml::kSuccess) break;  // kErrorTimeout: nothing more queued
+    if ((data.event_type & nvml::kEventTypeXidCriticalError) == 0) continue;
+    const auto handle = std::find(s.handles.begin(), s.handles.end(), data.device);
+    if (handle == s.handles.end() || data.device == nullptr) continue;
+    const auto index = static_cast<int32_t>(handle - s.handles.begin());
+    const auto gpu = std::find_if(s.inventory.gpus.begin(), s.inventory.gpus.end(),
+                                  [&](const GpuInfo& info) { return info.index == index; });
+    if (gpu == s.inventory.gpus.end()) continue;
+    events.push_back(XidEvent{index, gpu->uuid, data.event_data, now});
+  }
+  return events;
+}
+
+std::string GpuModelKey(std::string_view product_name, MiB memory_total_mib) {
+  const std::vector<std::string_view> words = Words(product_name);
+  for (const KnownGpuModel& model : KnownGpuModels()) {
+    const bool family_matches = std::find(words.begin(), words.end(), model.family) != words.end();
+    // Boards of one family differ in memory (A100 40 GB and 80 GB); within 5% is the same one.
+    const bool memory_matches =
+        std::abs(static_cast<double>(memory_total_mib - model.memory_mib)) <=
+        0.05 * static_cast<double>(model.memory_mib);
+    if (family_matches && memory_matches) return std::string(model.key);
+  }
+  std::string key;
+  for (std::string_view word : words) {
+    if (key.empty() && (word == "NVIDIA" || word == "Tesla")) continue;
+    if (!key.empty()) key += '-';
+    key += word;
+  }
+  return key.empty() ? std::string(product_name) : key;
+}
+
+}  // namespace gpufleet::agent

@@ -1,0 +1,48 @@
+#pragma once
+
+// A small synchronous HTTP/1.1 client for the CLI and tests: one request per connection, one
+// deadline for the whole exchange (connect, send, receive).
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "net/http.h"
+
+namespace gpufleet::net {
+
+struct HttpClientResponse {
+  int status = 0;
+  std::string content_type;
+  std::string body;
+  HttpHeaders headers;
+
+  std::string Header(std::string_view name) const;  // case-insensitive; empty when absent
+};
+
+struct HttpResult {
+  std::optional<HttpClientResponse> response;  // any status, 4xx and 5xx included
+  std::string error;                           // no response: what went wrong
+
+  bool ok() const { return response.has_value(); }
+};
+
+// "http://host:port/path?query" split up; only plain http.
+struct HttpUrl {
+  std::string host;
+  uint16_t port = 80;
+  std::string target = "/";
+};
+std::optional<HttpUrl> ParseHttpUrl(std::string_view url, std::string& error);
+
+inline constexpr std::chrono::milliseconds kDefaultHttpTimeout{std::chrono::seconds(10)};
+
+HttpResult HttpCall(std::string_view method, std::string_view url, std::string_view body = {},
+                    std::chrono::milliseconds timeout = kDefaultHttpTimeout,
+                    std::string_view content_type = "application/json");
+HttpResult HttpGet(std::string_view url, std::chrono::milliseconds timeout = kDefaultHttpTimeout);
+HttpResult HttpPost(std::string_view url, std::string_view body,
+                    std::chrono::milliseconds timeout = kDefaultHttpTimeout);
+
+}  // namespace gpufleet::net

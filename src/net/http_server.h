@@ -1,0 +1,57 @@
+#pragma once
+
+// A small HTTP/1.1 server (Boost.Beast underneath, kept out of this header): keep-alive, a request
+// body limit, "Expect: 100-continue", and a graceful stop. Handlers run on the server's io threads
+// and return a whole response; they must not block for long (use more io_threads when some do).
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "net/http.h"
+
+namespace gpufleet::net {
+
+struct HttpServerOptions {
+  std::string host = "127.0.0.1";  // loopback unless told otherwise
+  uint16_t port = 0;               // 0: the kernel picks a free port; port() says which
+  int io_threads = 1;
+  size_t max_body_bytes = size_t{1} << 20;  // larger bodies are answered 413
+  size_t max_header_bytes = size_t{16} << 10;
+  // A connection that sends no (complete) request for this long is closed.
+  std::chrono::milliseconds idle_timeout{std::chrono::seconds(60)};
+  // How long Stop() lets requests in progress finish before it closes their connections.
+  std::chrono::milliseconds stop_timeout{std::chrono::seconds(5)};
+};
+
+class HttpServer {
+ public:
+  struct StartResult {
+    std::unique_ptr<HttpServer> server;  // set on success
+    std::string error;                   // why not: bad address, port in use, ...
+  };
+  // Binds, listens and starts the io threads.
+  static StartResult Start(const HttpServerOptions& options, HttpHandler handler);
+
+  ~HttpServer();  // Stop()
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  uint16_t port() const;
+  // "127.0.0.1:41234": the bound address, with the real port.
+  std::string address() const;
+
+  // Stops accepting, closes idle connections, lets requests in progress be answered (within
+  // stop_timeout), then joins the io threads. Idempotent.
+  void Stop();
+
+  struct Impl;
+
+ private:
+  explicit HttpServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gpufleet::net

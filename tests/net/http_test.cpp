@@ -1,0 +1,396 @@
+// The HTTP server and client over real loopback sockets: round trips on port 0, routing, the body
+// limit, keep-alive, "Expect: 100-continue", graceful stop, and client timeouts.
+
+#include "net/http.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <future>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "net/http_client.h"
+#include "net/http_server.h"
+
+namespace gpufleet::net {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string Url(const HttpServer& server, const std::string& target) {
+  return "http://" + server.address() + target;
+}
+
+std::unique_ptr<HttpServer> StartServer(HttpHandler handler, HttpServerOptions options = {}) {
+  auto started = HttpServer::Start(options, std::move(handler));
+  EXPECT_TRUE(started.server) << started.error;
+  return std::move(started.server);
+}
+
+Router EchoRouter() {
+  Router router;
+  router.Add("GET", "/hello", [](const HttpRequest& request) {
+    return HttpResponse::Text(200, "hello " + request.Query("name").value_or("nobody"));
+  });
+  router.Add("POST", "/echo", [](const HttpRequest& request) {
+    HttpResponse response = HttpResponse::Text(200, request.body, "application/octet-stream");
+    response.headers.emplace_back("X-Method", request.method);
+    return response;
+  });
+  router.Add("GET", "/items/{id}/parts/{part}", [](const HttpRequest& request) {
+    return HttpResponse::Json(200, "{\"id\": \"" + JsonEscape(request.PathParam("id")) +
+                                       "\", \"part\": \"" + JsonEscape(request.PathParam("part")) +
+                                       "\"}");
+  });
+  router.Add("DELETE", "/items/{id}/parts/{part}",
+             [](const HttpRequest&) { return HttpResponse::Json(204, ""); });
+  return router;
+}
+
+HttpHandler Handler(Router router) {
+  return
+      [router = std::move(router)](const HttpRequest& request) { return router.Handle(request); };
+}
+
+// A raw client socket, to see what the server does on the wire.
+class RawConnection {
+ public:
+  explicit RawConnection(uint16_t port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(port);
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
+  }
+  ~RawConnection() { ::close(fd_); }
+  bool connected() const { return connected_; }
+
+  void Send(const std::string& data) {
+    size_t sent = 0;
+    while (sent < data.size()) {
+      ssize_t put = ::send(fd_, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
+      ASSERT_GT(put, 0);
+      sent += static_cast<size_t>(put);
+    }
+  }
+
+  // One response: the header block, then Content-Length bytes of body. Empty on timeout or EOF
+  // before a whole response.
+  std::string ReadResponse(std::chrono::milliseconds timeout = 5s) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      size_t header_end = buffer_.find("\r\n\r\n");
+      if (header_end != std::string::npos) {
+        size_t length = 0;
+        size_t field = buffer_.find("Content-Length: ");
+        if (field != std::string::npos && field < header_end)
+          length = std::stoul(buffer_.substr(field + 16));
+        const size_t total = header_end + 4 + length;
+        if (buffer_.size() >= total) {
+          std::string response = buffer_.substr(0, total);
+          buffer_.erase(0, total);
+          return response;
+        }
+      }
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return "";
+      pollfd wait{fd_, POLLIN, 0};
+      if (::poll(&wait, 1, static_cast<int>(left.count())) <= 0) return "";
+      char chunk[4096];
+      ssize_t got = ::recv(fd_, chunk, sizeof chunk, 0);
+      if (got <= 0) return "";
+      buffer_.append(chunk, static_cast<size_t>(got));
+    }
+  }
+
+  // True when the server closed the connection (EOF) within the timeout.
+  bool ClosedByPeer(std::chrono::milliseconds timeout = 5s) {
+    pollfd wait{fd_, POLLIN, 0};
+    if (::poll(&wait, 1, static_cast<int>(timeout.count())) <= 0) return false;
+    char chunk[256];
+    return ::recv(fd_, chunk, sizeof chunk, 0) <= 0;
+  }
+
+ private:
+  int fd_ = -1;
+  bool connected_ = false;
+  std::string buffer_;
+};
+
+TEST(HttpServer, RoundTripOnPortZero) {
+  auto server = StartServer(Handler(EchoRouter()));
+  ASSERT_TRUE(server);
+  EXPECT_NE(server->port(), 0);
+  EXPECT_EQ(server->address(), "127.0.0.1:" + std::to_string(server->port()));
+
+  HttpResult hello = HttpGet(Url(*server, "/hello?name=ada%20lovelace"));
+  ASSERT_TRUE(hello.ok()) << hello.error;
+  EXPECT_EQ(hello.response->status, 200);
+  EXPECT_EQ(hello.response->body, "hello ada lovelace");
+  EXPECT_EQ(hello.response->content_type, "text/plain; charset=utf-8");
+  EXPECT_EQ(hello.response->Header("server"), "gpufleet");
+
+  HttpResult echo = HttpPost(Url(*server, "/echo"), "{\"x\": 1}");
+  ASSERT_TRUE(echo.ok()) << echo.error;
+  EXPECT_EQ(echo.response->status, 200);
+  EXPECT_EQ(echo.response->body, "{\"x\": 1}");
+  EXPECT_EQ(echo.response->Header("X-Method"), "POST");
+
+  HttpResult item = HttpGet(Url(*server, "/items/w-1/parts/a%2Fb"));
+  ASSERT_TRUE(item.ok()) << item.error;
+  EXPECT_EQ(item.response->body, "{\"id\": \"w-1\", \"part\": \"a/b\"}");
+}
+
+TEST(HttpServer, RouterAnswers404And405) {
+  auto server = StartServer(Handler(EchoRouter()));
+  ASSERT_TRUE(server);
+  HttpResult missing = HttpGet(Url(*server, "/nothing/here"));
+  ASSERT_TRUE(missing.ok()) << missing.error;
+  EXPECT_EQ(missing.response->status, 404);
+  EXPECT_EQ(missing.response->content_type, "application/json");
+  EXPECT_EQ(missing.response->body, "{\"error\": \"no such resource: GET /nothing/here\"}\n");
+
+  HttpResult wrong_method = HttpPost(Url(*server, "/hello"), "");
+  ASSERT_TRUE(wrong_method.ok()) << wrong_method.error;
+  EXPECT_EQ(wrong_method.response->status, 405);
+  EXPECT_EQ(wrong_method.response->Header("Allow"), "GET");
+
+  HttpResult two_methods = HttpCall("PUT", Url(*server, "/items/1/parts/2"));
+  ASSERT_TRUE(two_methods.ok()) << two_methods.error;
+  EXPECT_EQ(two_methods.response->status, 405);
+  EXPECT_EQ(two_methods.response->Header("Allow"), "DELETE, GET");
+
+  // A parameter matches one whole, non-empty segment.
+  HttpResult too_deep = HttpGet(Url(*server, "/items/1/parts/2/3"));
+  ASSERT_TRUE(too_deep.ok());
+  EXPECT_EQ(too_deep.response->status, 404);
+}
+
+TEST(HttpServer, BodyOverTheLimitIs413AndTheServerCarriesOn) {
+  HttpServerOptions options;
+  options.max_body_bytes = 1024;
+  auto server = StartServer(Handler(EchoRouter()), options);
+  ASSERT_TRUE(server);
+
+  HttpResult fits = HttpPost(Url(*server, "/echo"), std::string(1024, 'a'));
+  ASSERT_TRUE(fits.ok()) << fits.error;
+  EXPECT_EQ(fits.response->status, 200);
+  EXPECT_EQ(fits.response->body.size(), 1024u);
+
+  HttpResult too_big = HttpPost(Url(*server, "/echo"), std::string(64 * 1024, 'b'));
+  ASSERT_TRUE(too_big.ok()) << too_big.error;
+  EXPECT_EQ(too_big.response->status, 413);
+  EXPECT_NE(too_big.response->body.find("request body larger than 1024 bytes"), std::string::npos);
+  EXPECT_EQ(too_big.response->Header("Connection"), "close");
+
+  HttpResult after = HttpGet(Url(*server, "/hello"));
+  ASSERT_TRUE(after.ok()) << after.error;
+  EXPECT_EQ(after.response->status, 200);
+}
+
+TEST(HttpServer, KeepAliveServesSeveralRequestsOnOneConnection) {
+  std::atomic<int> requests{0};
+  auto server = StartServer([&](const HttpRequest& request) {
+    ++requests;
+    return HttpResponse::Text(200, request.path);
+  });
+  ASSERT_TRUE(server);
+  RawConnection connection(server->port());
+  ASSERT_TRUE(connection.connected());
+  for (const char* path : {"/one", "/two", "/three"}) {
+    connection.Send(std::string("GET ") + path + " HTTP/1.1\r\nHost: test\r\n\r\n");
+    std::string response = connection.ReadResponse();
+    ASSERT_EQ(response.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << response;
+    EXPECT_EQ(response.find("Connection: close"), std::string::npos) << response;
+    EXPECT_TRUE(response.ends_with(std::string("\r\n\r\n") + path)) << response;
+  }
+  // Two requests sent back to back (pipelined) are answered in order.
+  connection.Send(
+      "GET /four HTTP/1.1\r\nHost: test\r\n\r\nGET /five HTTP/1.1\r\nHost: test\r\n\r\n");
+  EXPECT_TRUE(connection.ReadResponse().ends_with("/four"));
+  EXPECT_TRUE(connection.ReadResponse().ends_with("/five"));
+  EXPECT_EQ(requests.load(), 5);
+
+  // "Connection: close" is honoured: the answer comes, then the server closes.
+  connection.Send("GET /last HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+  EXPECT_NE(connection.ReadResponse().find("Connection: close"), std::string::npos);
+  EXPECT_TRUE(connection.ClosedByPeer());
+}
+
+TEST(HttpServer, ExpectContinueGetsA100BeforeTheBody) {
+  auto server = StartServer(Handler(EchoRouter()));
+  ASSERT_TRUE(server);
+  RawConnection connection(server->port());
+  ASSERT_TRUE(connection.connected());
+  connection.Send(
+      "POST /echo HTTP/1.1\r\nHost: test\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n");
+  EXPECT_EQ(connection.ReadResponse(), "HTTP/1.1 100 Continue\r\n\r\n");
+  connection.Send("12345");
+  std::string response = connection.ReadResponse();
+  EXPECT_EQ(response.rfind("HTTP/1.1 200 OK", 0), 0u) << response;
+  EXPECT_TRUE(response.ends_with("12345")) << response;
+}
+
+TEST(HttpServer, MalformedRequestIs400) {
+  auto server = StartServer(Handler(EchoRouter()));
+  ASSERT_TRUE(server);
+  RawConnection connection(server->port());
+  ASSERT_TRUE(connection.connected());
+  connection.Send("GET /hello HTTP/1.1\r\nHost test\r\n\r\n");
+  std::string response = connection.ReadResponse();
+  EXPECT_EQ(response.rfind("HTTP/1.1 400 Bad Request", 0), 0u) << response;
+  EXPECT_TRUE(connection.ClosedByPeer());
+}
+
+TEST(HttpServer, HandlerExceptionIs500) {
+  auto server =
+      StartServer([](const HttpRequest&) -> HttpResponse { throw std::runtime_error("boom"); });
+  ASSERT_TRUE(server);
+  HttpResult result = HttpGet(Url(*server, "/"));
+  ASSERT_TRUE(result.ok()) << result.error;
+  EXPECT_EQ(result.response->status, 500);
+  EXPECT_EQ(result.response->body, "{\"error\": \"internal error: boom\"}\n");
+}
+
+TEST(HttpServer, BindErrorsAreReported) {
+  auto first = StartServer(Handler(EchoRouter()));
+  ASSERT_TRUE(first);
+  HttpServerOptions taken;
+  taken.port = first->port();
+  auto second = HttpServer::Start(taken, Handler(EchoRouter()));
+  EXPECT_FALSE(second.server);
+  EXPECT_NE(second.error.find("listen on 127.0.0.1:" + std::to_string(first->port())),
+            std::string::npos)
+      << second.error;
+  EXPECT_NE(second.error.find("in use"), std::string::npos) << second.error;
+
+  HttpServerOptions bad_host;
+  bad_host.host = "not-an-address";
+  auto third = HttpServer::Start(bad_host, Handler(EchoRouter()));
+  EXPECT_FALSE(third.server);
+  EXPECT_NE(third.error.find("invalid listen address 'not-an-address'"), std::string::npos);
+}
+
+TEST(HttpServer, StopLetsARequestInProgressFinishAndClosesIdleConnections) {
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool entered = false;
+  bool release = false;
+  HttpServerOptions options;
+  options.io_threads = 2;  // one is held by the slow handler below
+  auto server = StartServer(
+      [&](const HttpRequest&) {
+        std::unique_lock lock(mutex);
+        entered = true;
+        changed.notify_all();
+        changed.wait(lock, [&] { return release; });
+        return HttpResponse::Text(200, "finished");
+      },
+      options);
+  ASSERT_TRUE(server);
+  const uint16_t port = server->port();
+  RawConnection idle(port);
+  ASSERT_TRUE(idle.connected());
+
+  auto slow = std::async(std::launch::async, [&] { return HttpGet(Url(*server, "/slow")); });
+  {
+    std::unique_lock lock(mutex);
+    ASSERT_TRUE(changed.wait_for(lock, 5s, [&] { return entered; }));
+  }
+  auto stopped = std::async(std::launch::async, [&] { server->Stop(); });
+  EXPECT_TRUE(idle.ClosedByPeer());  // the idle connection goes at once
+  EXPECT_EQ(stopped.wait_for(50ms), std::future_status::timeout);  // waits for the slow one
+  {
+    std::lock_guard lock(mutex);
+    release = true;
+  }
+  changed.notify_all();
+  HttpResult answer = slow.get();
+  ASSERT_TRUE(answer.ok()) << answer.error;
+  EXPECT_EQ(answer.response->body, "finished");
+  EXPECT_EQ(answer.response->Header("Connection"), "close");
+  ASSERT_EQ(stopped.wait_for(5s), std::future_status::ready);
+
+  HttpResult refused = HttpGet("http://127.0.0.1:" + std::to_string(port) + "/", 2s);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_NE(refused.error.find("connect"), std::string::npos) << refused.error;
+}
+
+TEST(HttpClient, TimesOutAgainstAListenerThatNeverAnswers) {
+  // Listens (the kernel completes the handshake) but never accepts or reads.
+  int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  ASSERT_EQ(::listen(listener, 4), 0);
+  socklen_t length = sizeof address;
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  const std::string url = "http://127.0.0.1:" + std::to_string(ntohs(address.sin_port)) + "/x";
+
+  const auto start = std::chrono::steady_clock::now();
+  HttpResult result = HttpGet(url, 200ms);
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  ::close(listener);
+  EXPECT_FALSE(result.ok());
+  EXPECT_EQ(result.error, "GET " + url + ": no answer within 200 ms");
+  EXPECT_GE(elapsed, 190ms);
+  EXPECT_LT(elapsed, 2s);
+}
+
+TEST(HttpClient, ReportsRefusedConnectionsAndBadUrls) {
+  // Port 1 on loopback: nothing listens there in the test environment.
+  HttpResult refused = HttpGet("http://127.0.0.1:1/", 2s);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_NE(refused.error.find("connect: Connection refused"), std::string::npos) << refused.error;
+
+  HttpResult https = HttpGet("https://127.0.0.1/");
+  EXPECT_EQ(https.error, "'https://127.0.0.1/' is not an http:// URL");
+  HttpResult bad_port = HttpGet("http://127.0.0.1:99999/");
+  EXPECT_EQ(bad_port.error, "'http://127.0.0.1:99999/': bad port '99999'");
+}
+
+TEST(HttpUrl, Parses) {
+  std::string error;
+  auto url = ParseHttpUrl("http://127.0.0.1:9400/v1/gpus?x=1", error);
+  ASSERT_TRUE(url);
+  EXPECT_EQ(url->host, "127.0.0.1");
+  EXPECT_EQ(url->port, 9400);
+  EXPECT_EQ(url->target, "/v1/gpus?x=1");
+  url = ParseHttpUrl("http://[::1]:80", error);
+  ASSERT_TRUE(url);
+  EXPECT_EQ(url->host, "::1");
+  EXPECT_EQ(url->target, "/");
+  url = ParseHttpUrl("http://node-a", error);
+  ASSERT_TRUE(url);
+  EXPECT_EQ(url->port, 80);
+  EXPECT_FALSE(ParseHttpUrl("http://:80/", error));
+}
+
+TEST(HttpTarget, SplitsAndDecodes) {
+  std::string path;
+  std::map<std::string, std::string> query;
+  ASSERT_TRUE(SplitTarget("/a%20b/c?x=1&y=two+words&z=%3D&flag&x=2", path, query));
+  EXPECT_EQ(path, "/a b/c");
+  EXPECT_EQ(query.at("x"), "2");  // the last one wins
+  EXPECT_EQ(query.at("y"), "two words");
+  EXPECT_EQ(query.at("z"), "=");
+  EXPECT_EQ(query.at("flag"), "");
+  EXPECT_FALSE(SplitTarget("/bad%2", path, query));
+  EXPECT_FALSE(SplitTarget("/x?y=%zz", path, query));
+  EXPECT_EQ(JsonEscape("a\"b\\c\nd\x01"), "a\\\"b\\\\c\\nd\\u0001");
+}
+
+}  // namespace
+}  // namespace gpufleet::net
