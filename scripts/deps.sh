@@ -6,8 +6,9 @@ set -euo pipefail
 packages=(
   g++ cmake ninja-build ccache make pkg-config git
   libfmt-dev libspdlog-dev nlohmann-json3-dev libyaml-cpp-dev libcli11-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
-  clang-format
+  libgtest-dev libgmock-dev libbenchmark-dev libboost-dev
+  clang-format python3
+  prometheus  # the agent's integration test scrapes it with a real Prometheus server
 )
 
 missing=()

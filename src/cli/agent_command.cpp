@@ -1,0 +1,567 @@
+#include "cli/agent_command.h"
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <string_view>
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <poll.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "agent/agent.h"
+#include "agent/agent_api.h"
+#include "agent/shim.h"
+#include "core/version.h"
+#include "net/http_client.h"
+#include "net/http_server.h"
+
+namespace gpufleet::cli {
+namespace {
+
+using agent::AgentCore;
+using agent::AgentErrorKind;
+
+constexpr int kExitFailure = 1;
+constexpr int kExitUsage = 2;
+constexpr int kExitCannotRun = 127;  // as a shell reports a command it could not start
+
+void AddBackendOptions(CLI::App& command, AgentArgs& args) {
+  command
+      .add_option("--data-dir", args.data_dir,
+                  "Agent state: workloads, their logs, the executor lock")
+      ->capture_default_str();
+  command.add_option("--sim-gpus", args.sim_gpus,
+                     "Simulate GPUs instead of NVML: COUNTxMODEL[@ISLAND] (8xH100-80GB) or a "
+                     "node profile .yaml");
+  command.add_option("--sim-profile", args.sim_profile, "Simulate the GPUs of a YAML node profile");
+  command.add_option("--nvml-library", args.nvml_library, "NVML library to load")
+      ->capture_default_str();
+  command.add_option("--hostname", args.hostname,
+                     "Node name: the Hostname label, and the seed of simulated UUIDs "
+                     "(default: this machine's)");
+  command
+      .add_option("--cgroups", args.cgroups,
+                  "CPU/memory limits through cgroups: auto, v2, v1, none")
+      ->capture_default_str();
+}
+
+// One line on stderr for the CLI's own messages, so stdout carries only what was asked for.
+template <typename... Args>
+void Note(fmt::format_string<Args...> format, Args&&... values) {
+  fmt::print(stderr, "gpufleet: {}\n", fmt::format(format, std::forward<Args>(values)...));
+}
+
+int ExitCodeOf(AgentErrorKind kind) {
+  return kind == AgentErrorKind::kBadRequest ? kExitUsage : kExitFailure;
+}
+
+// Options shared by the daemon and `agent run`; nullopt (after printing why) when invalid.
+std::optional<agent::AgentOptions> CoreOptions(const AgentArgs& args) {
+  agent::AgentOptions options;
+  options.data_dir = args.data_dir;
+  options.sim_gpus = args.sim_gpus;
+  options.sim_profile = args.sim_profile;
+  options.nvml_library = args.nvml_library;
+  options.hostname = args.hostname;
+  auto interval = agent::ParseDurationMs(args.interval);
+  if (!interval || *interval <= 0) {
+    fmt::print(stderr, "error: --interval '{}': expected a positive duration such as 1s or 500ms\n",
+               args.interval);
+    return std::nullopt;
+  }
+  options.sample_interval_ms = *interval;
+  auto mode = agent::ParseCgroupMode(args.cgroups);
+  if (!mode) {
+    fmt::print(stderr, "error: --cgroups '{}': expected auto, v2, v1 or none\n", args.cgroups);
+    return std::nullopt;
+  }
+  options.cgroup_mode = *mode;
+  return options;
+}
+
+// Blocks SIGINT and SIGTERM in this thread and every thread started after, so they are read
+// synchronously (sigwait, signalfd) instead of killing the process.
+sigset_t BlockStopSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  ::pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // A client that hangs up must not kill the agent (the shim restores SIGPIPE for workloads).
+  std::signal(SIGPIPE, SIG_IGN);
+  return signals;
+}
+
+std::string BackendDescription(const AgentCore& core) {
+  if (core.simulated()) return "sim (SIMULATED GPUs, not real hardware)";
+  return fmt::format("{} (driver {})", core.backend_name(), core.driver_version());
+}
+
+std::string FormatInterval(TimeMs ms) {
+  return ms % 1000 == 0 ? fmt::format("{}s", ms / 1000) : fmt::format("{}ms", ms);
+}
+
+int RunDaemon(const AgentArgs& args) {
+  auto options = CoreOptions(args);
+  if (!options) return kExitUsage;
+  std::string error;
+  auto listen = agent::ParseListenAddress(args.listen, error);
+  if (!listen) {
+    fmt::print(stderr, "error: {}\n", error);
+    return kExitUsage;
+  }
+  const sigset_t stop_signals = BlockStopSignals();
+
+  auto opened = AgentCore::Open(*options);
+  if (!opened.ok()) {
+    fmt::print(stderr, "error: {}\n", opened.error().message);
+    return ExitCodeOf(opened.error().kind);
+  }
+  std::unique_ptr<AgentCore> core = std::move(opened).value();
+
+  net::HttpServerOptions server_options;
+  server_options.host = listen->host;
+  server_options.port = listen->port;
+  // Launches wait for the shim (tens of ms): extra threads keep scrapes from waiting behind them.
+  server_options.io_threads = 4;
+  agent::AgentApiOptions api_options;
+  api_options.standalone = true;  // no control plane exists yet, with or without --standalone
+  net::Router router = agent::MakeAgentRouter(*core, api_options);
+  auto started = net::HttpServer::Start(server_options, [&router](const net::HttpRequest& request) {
+    return router.Handle(request);
+  });
+  if (!started.server) {
+    fmt::print(stderr, "error: {}\n", started.error);
+    return kExitFailure;
+  }
+  std::unique_ptr<net::HttpServer> server = std::move(started.server);
+
+  // One line that says what this agent is; scripts read the address from it.
+  fmt::print(
+      "gpufleet agent {}: backend {}, {}, listening on http://{}, data dir {}, sampling "
+      "every {}, standalone (no control plane yet)\n",
+      kVersion, BackendDescription(*core), core->DescribeGpus(), server->address(),
+      core->data_dir(), FormatInterval(core->sample_interval_ms()));
+  for (const std::string& note : core->startup_notes())
+    fmt::print("  {}\n", note);
+  std::fflush(stdout);
+
+  int signal_number = 0;
+  while (::sigwait(&stop_signals, &signal_number) != 0) {
+  }
+  size_t running = 0;
+  for (const agent::WorkloadView& view : core->List())
+    if (!view.status.Finished() && view.status.state != agent::WorkloadState::kLost) ++running;
+  fmt::print(stderr,
+             "gpufleet agent: {} received, stopping; {} workload(s) keep running under their "
+             "shims (an agent started over {} re-adopts them)\n",
+             agent::SignalName(signal_number), running, core->data_dir());
+  server->Stop();
+  server.reset();
+  core.reset();
+  return 0;
+}
+
+// Copies what a workload writes to one of its log files to `out_fd`, following rotation: when
+// the path names a new file, the old one (kept by our open descriptor) is read to its end first.
+class LogFollower {
+ public:
+  LogFollower(std::string path, int out_fd) : path_(std::move(path)), out_fd_(out_fd) {}
+  ~LogFollower() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  LogFollower(const LogFollower&) = delete;
+  LogFollower& operator=(const LogFollower&) = delete;
+
+  void Pump() {
+    if (fd_ < 0 && !OpenLive()) return;
+    Drain();
+    struct stat current {};
+    if (::stat(path_.c_str(), &current) == 0 && current.st_ino != inode_) {
+      Drain();
+      ::close(fd_);
+      fd_ = -1;
+      if (OpenLive()) Drain();
+    }
+  }
+
+ private:
+  bool OpenLive() {
+    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) return false;
+    struct stat info {};
+    ::fstat(fd_, &info);
+    inode_ = info.st_ino;
+    return true;
+  }
+  void Drain() {
+    char buffer[65536];
+    for (;;) {
+      ssize_t got = ::read(fd_, buffer, sizeof buffer);
+      if (got <= 0) return;
+      for (ssize_t written = 0; written < got;) {
+        ssize_t put = ::write(out_fd_, buffer + written, static_cast<size_t>(got - written));
+        if (put <= 0) return;  // our own output is gone (closed pipe): nothing to do about it
+        written += put;
+      }
+    }
+  }
+
+  std::string path_;
+  int out_fd_;
+  int fd_ = -1;
+  ino_t inode_ = 0;
+};
+
+int RunLocal(const AgentArgs& args) {
+  auto options = CoreOptions(args);
+  if (!options) return kExitUsage;
+  options->start_sampler = false;            // nothing here reads telemetry
+  options->log = [](const std::string&) {};  // the workload's output is what is shown
+  if (args.command.empty()) {
+    fmt::print(stderr, "error: no command: gpufleet agent run [flags] -- COMMAND ARGS...\n");
+    return kExitUsage;
+  }
+  agent::LaunchRequest request;
+  request.argv = args.command;
+  if (args.gpus < 0) {
+    fmt::print(stderr, "error: --gpus must not be negative\n");
+    return kExitUsage;
+  }
+  request.gpu_count = args.gpus;
+  if (!args.cpu.empty()) {
+    auto cpu = agent::ParseCpuMilli(args.cpu);
+    if (!cpu) {
+      fmt::print(stderr, "error: --cpu '{}': expected cores such as 0.5 or 500m\n", args.cpu);
+      return kExitUsage;
+    }
+    request.cpu_milli = *cpu;
+  }
+  if (!args.memory.empty()) {
+    auto memory = agent::ParseMemoryMib(args.memory);
+    if (!memory) {
+      fmt::print(stderr, "error: --memory '{}': expected a size such as 512Mi or 2Gi\n",
+                 args.memory);
+      return kExitUsage;
+    }
+    request.memory_mib = *memory;
+  }
+  auto grace = agent::ParseDurationMs(args.grace);
+  if (!grace) {
+    fmt::print(stderr, "error: --grace '{}': expected a duration such as 10s\n", args.grace);
+    return kExitUsage;
+  }
+  request.grace_period_ms = *grace;
+  if (!args.max_runtime.empty()) {
+    auto max_runtime = agent::ParseDurationMs(args.max_runtime);
+    if (!max_runtime) {
+      fmt::print(stderr, "error: --max-runtime '{}': expected a duration such as 1h\n",
+                 args.max_runtime);
+      return kExitUsage;
+    }
+    request.max_runtime_ms = *max_runtime;
+  }
+  for (const std::string& entry : args.env) {
+    size_t equals = entry.find('=');
+    if (equals == std::string::npos || equals == 0) {
+      fmt::print(stderr, "error: --env '{}': expected NAME=VALUE\n", entry);
+      return kExitUsage;
+    }
+    request.env[entry.substr(0, equals)] = entry.substr(equals + 1);
+  }
+  std::error_code fs_error;
+  // Like a shell: the command runs where it was typed, unless told otherwise.
+  request.workdir = std::filesystem::absolute(args.workdir.empty() ? "." : args.workdir, fs_error)
+                        .lexically_normal()
+                        .string();
+  if (request.workdir.size() > 1 && request.workdir.back() == '/') request.workdir.pop_back();
+
+  const sigset_t stop_signals = BlockStopSignals();
+  const int signal_fd = ::signalfd(-1, &stop_signals, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (signal_fd < 0) {
+    fmt::print(stderr, "error: signalfd: {}\n", std::strerror(errno));
+    return kExitFailure;
+  }
+
+  auto opened = AgentCore::Open(*options);
+  if (!opened.ok()) {
+    fmt::print(stderr, "error: {}\n", opened.error().message);
+    ::close(signal_fd);
+    return ExitCodeOf(opened.error().kind);
+  }
+  std::unique_ptr<AgentCore> core = std::move(opened).value();
+  auto launched = core->Launch(request);
+  if (!launched.ok()) {
+    fmt::print(stderr, "error: {}\n", launched.error().message);
+    ::close(signal_fd);
+    return ExitCodeOf(launched.error().kind);
+  }
+  const std::string id = launched.value().status.id;
+  {
+    const agent::WorkloadView& view = launched.value();
+    std::string limits;
+    if (request.cpu_milli > 0 || request.memory_mib > 0)
+      limits = view.status.limits_applied
+                   ? fmt::format(", cgroup {} limits cpu {}m memory {} MiB",
+                                 agent::CgroupVersionName(view.status.cgroup_version),
+                                 request.cpu_milli, request.memory_mib)
+                   : fmt::format(", NO limits: {}", view.status.limits_warning);
+    Note("workload {} on GPUs {} of {} [{}], pid {}{}", id,
+         view.spec.gpu_indices.empty() ? std::string("none")
+                                       : fmt::format("{}", fmt::join(view.spec.gpu_indices, ",")),
+         core->DescribeGpus(), core->backend_name(), view.status.pid, limits);
+  }
+
+  LogFollower out(launched.value().status.stdout_log, STDOUT_FILENO);
+  LogFollower err(launched.value().status.stderr_log, STDERR_FILENO);
+  int interrupts = 0;
+  agent::WorkloadStatus status = launched.value().status;
+  while (!status.Finished() && status.state != agent::WorkloadState::kLost) {
+    pollfd wait{signal_fd, POLLIN, 0};
+    // The shim writes the logs; 50 ms keeps the echo prompt without busy-waiting.
+    ::poll(&wait, 1, 50);
+    signalfd_siginfo info{};
+    while (::read(signal_fd, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
+      ++interrupts;
+      const TimeMs grace_ms = interrupts == 1 ? request.grace_period_ms : 0;
+      if (auto cancelled = core->Cancel(id, grace_ms); !cancelled.ok())
+        Note("cancel failed: {}", cancelled.error().message);
+      else if (interrupts == 1)
+        Note("{}: cancelling {} (SIGTERM, SIGKILL after {}; interrupt again to kill now)",
+             agent::SignalName(static_cast<int32_t>(info.ssi_signo)), id,
+             FormatInterval(request.grace_period_ms));
+      else
+        Note("killing {} now", id);
+    }
+    out.Pump();
+    err.Pump();
+    auto current = core->Get(id);
+    if (!current.ok()) {
+      Note("lost track of workload {}: {}", id, current.error().message);
+      ::close(signal_fd);
+      return kExitFailure;
+    }
+    status = current.value().status;
+  }
+  // The shim drained the workload's pipes before recording the end: the logs are complete.
+  out.Pump();
+  err.Pump();
+  ::close(signal_fd);
+
+  int exit_code = kExitFailure;
+  const double seconds =
+      status.finished_at_ms > status.started_at_ms && status.started_at_ms > 0
+          ? static_cast<double>(status.finished_at_ms - status.started_at_ms) / 1000.0
+          : 0.0;
+  if (status.state == agent::WorkloadState::kFailedToStart) {
+    Note("workload {} failed to start: {}", id, status.error);
+    exit_code = kExitCannotRun;
+  } else if (status.state == agent::WorkloadState::kLost) {
+    Note("workload {} is lost: {}", id, status.error);
+  } else if (status.signal) {
+    Note("workload {} was killed by {}{}{} after {:.2f} s", id, agent::SignalName(*status.signal),
+         status.cancelled ? " (cancelled)" : "", status.oom_killed ? " (OOM-killed)" : "", seconds);
+    exit_code = 128 + *status.signal;
+  } else {
+    exit_code = status.exit_code.value_or(kExitFailure);
+    Note("workload {} exited with code {}{} after {:.2f} s", id, exit_code,
+         status.timed_out ? " (timed out)" : "", seconds);
+  }
+  if (!args.keep && status.state != agent::WorkloadState::kLost) {
+    if (auto forgot = core->Forget(id))
+      Note("could not remove workload {}: {}", id, forgot->message);
+  } else {
+    Note("kept {}/workloads/{}", core->data_dir(), id);
+  }
+  return exit_code;
+}
+
+std::string AgentUrl(const AgentArgs& args, std::string_view path) {
+  std::string base = args.agent_url;
+  while (!base.empty() && base.back() == '/')
+    base.pop_back();
+  return base + std::string(path);
+}
+
+// The agent's {"error": ...} message, or the body as it came.
+std::string ErrorMessage(const net::HttpClientResponse& response) {
+  auto body = nlohmann::json::parse(response.body, nullptr, false);
+  if (body.is_object() && body.contains("error") && body["error"].is_string())
+    return body["error"].get<std::string>();
+  return fmt::format("HTTP {}: {}", response.status, response.body);
+}
+
+int RunInject(const AgentArgs& args) {
+  nlohmann::ordered_json body = {{"gpu", args.gpu}, {"kind", args.kind}, {"code", args.code}};
+  const std::string url = AgentUrl(args, "/v1/sim/faults");
+  net::HttpResult result = net::HttpPost(url, body.dump());
+  if (!result.ok()) {
+    fmt::print(stderr, "error: {}\n", result.error);
+    return kExitFailure;
+  }
+  const net::HttpClientResponse& response = *result.response;
+  if (response.status != 200) {
+    fmt::print(stderr, "error: {}\n", ErrorMessage(response));
+    return response.status == 400 ? kExitUsage : kExitFailure;
+  }
+  auto gpu = nlohmann::json::parse(response.body, nullptr, false);
+  if (args.json || !gpu.is_object()) {
+    fmt::print("{}", response.body);
+    return 0;
+  }
+  std::string health = "healthy";
+  if (!gpu.value("healthy", true)) {
+    std::vector<std::string> reasons = gpu.value("health_reasons", std::vector<std::string>{});
+    health = fmt::format("UNHEALTHY: {}", fmt::join(reasons, "; "));
+  }
+  fmt::print("injected {} (code {}) on GPU {} ({}): now {}\n", args.kind, args.code, args.gpu,
+             gpu.value("uuid", ""), health);
+  return 0;
+}
+
+std::string Cell(const nlohmann::json& value, std::string_view unit = "") {
+  if (value.is_null()) return "-";
+  if (value.is_number_float()) return fmt::format("{:.0f}{}", value.get<double>(), unit);
+  if (value.is_number()) return fmt::format("{}{}", value.dump(), unit);
+  if (value.is_string()) return value.get<std::string>();
+  return value.dump();
+}
+
+int RunStatus(const AgentArgs& args) {
+  std::vector<nlohmann::json> documents;
+  for (std::string_view path : {"/healthz", "/v1/gpus", "/v1/workloads"}) {
+    net::HttpResult result = net::HttpGet(AgentUrl(args, path));
+    if (!result.ok()) {
+      fmt::print(stderr, "error: {}\n", result.error);
+      return kExitFailure;
+    }
+    auto document = nlohmann::json::parse(result.response->body, nullptr, false);
+    if (document.is_discarded() || !document.is_object()) {
+      fmt::print(stderr, "error: {}{}: not a gpufleet agent answer (HTTP {})\n", args.agent_url,
+                 path, result.response->status);
+      return kExitFailure;
+    }
+    documents.push_back(std::move(document));
+  }
+  const nlohmann::json& health = documents[0];
+  const nlohmann::json& gpus = documents[1];
+  const nlohmann::json& workloads = documents[2];
+  if (args.json) {
+    nlohmann::ordered_json all = {{"health", health}, {"gpus", gpus}, {"workloads", workloads}};
+    fmt::print("{}\n", all.dump(2));
+    return 0;
+  }
+  fmt::print("agent {} on {}: {}, backend {} (driver {}), {} of {} GPUs healthy\n", args.agent_url,
+             health.value("hostname", "?"), health.value("status", "?"),
+             health.value("backend", "?"), health.value("driver_version", "?"),
+             health.value("healthy_gpus", 0), health.value("gpus", 0));
+  fmt::print("\n{:<4} {:<12} {:>5} {:>16} {:>5} {:>6}  {:<20} {}\n", "GPU", "MODEL", "UTIL",
+             "MEMORY USED MiB", "TEMP", "POWER", "WORKLOADS", "HEALTH");
+  for (const auto& gpu : gpus.value("gpus", nlohmann::json::array())) {
+    const nlohmann::json& sample = gpu.value("sample", nlohmann::json::object());
+    std::string health_text = "healthy";
+    if (!gpu.value("healthy", true))
+      health_text =
+          fmt::format("UNHEALTHY: {}",
+                      fmt::join(gpu.value("health_reasons", std::vector<std::string>{}), "; "));
+    std::vector<std::string> holders = gpu.value("workloads", std::vector<std::string>{});
+    fmt::print("{:<4} {:<12} {:>5} {:>16} {:>5} {:>6}  {:<20} {}\n", Cell(gpu["index"]),
+               Cell(gpu["model"]), Cell(sample.value("utilization_percent", nlohmann::json()), "%"),
+               fmt::format("{} / {}", Cell(sample.value("memory_used_mib", nlohmann::json())),
+                           Cell(gpu["memory_total_mib"])),
+               Cell(sample.value("temperature_c", nlohmann::json()), "C"),
+               Cell(sample.value("power_w", nlohmann::json()), "W"),
+               holders.empty() ? std::string("-") : fmt::format("{}", fmt::join(holders, ",")),
+               health_text);
+  }
+  const auto& list = workloads.value("workloads", nlohmann::json::array());
+  fmt::print("\n{:<16} {:<18} {:<8} {:>8}  {:<20} {}\n", "WORKLOAD", "STATE", "GPUS", "PID",
+             "RESULT", "COMMAND");
+  if (list.empty()) fmt::print("(none)\n");
+  for (const auto& workload : list) {
+    std::string result = "-";
+    if (!workload.value("signal_name", nlohmann::json()).is_null())
+      result = workload["signal_name"].get<std::string>();
+    else if (!workload.value("exit_code", nlohmann::json()).is_null())
+      result = fmt::format("exit {}", workload["exit_code"].get<int>());
+    if (workload.value("cancelled", false)) result += " (cancelled)";
+    std::vector<int> indices = workload.value("gpus", std::vector<int>{});
+    std::vector<std::string> argv = workload.value("argv", std::vector<std::string>{});
+    std::string state = workload.value("state", "?");
+    if (workload.value("adopted", false) && (state == "running" || state == "starting"))
+      state += " (adopted)";
+    fmt::print("{:<16} {:<18} {:<8} {:>8}  {:<20} {}\n", workload.value("id", "?"), state,
+               indices.empty() ? std::string("-") : fmt::format("{}", fmt::join(indices, ",")),
+               workload.value("pid", 0), result, fmt::join(argv, " "));
+  }
+  return 0;
+}
+
+}  // namespace
+
+CLI::App* AddAgentCommand(CLI::App& app, AgentArgs& args) {
+  CLI::App* agent = app.add_subcommand(
+      "agent",
+      "Run the node agent: GPU discovery, telemetry (/metrics), health and workload execution");
+  agent->add_flag("--standalone", args.standalone,
+                  "Run without a control plane (the only mode until the server exists)");
+  agent->add_option("--listen", args.listen, "HTTP API address (port 0: any free port)")
+      ->capture_default_str();
+  agent->add_option("--interval", args.interval, "GPU sampling interval")->capture_default_str();
+  AddBackendOptions(*agent, args);
+
+  args.run = agent->add_subcommand(
+      "run", "Run one command on free GPUs of this machine, in-process (no daemon needed)");
+  args.run->add_option("--gpus", args.gpus, "Number of GPUs (the agent picks free healthy ones)")
+      ->capture_default_str();
+  args.run->add_option("--cpu", args.cpu, "CPU limit in cores (0.5 or 500m)");
+  args.run->add_option("--memory", args.memory, "Memory limit (512Mi, 2Gi)");
+  args.run->add_option("--grace", args.grace, "On Ctrl-C: SIGTERM, then SIGKILL after this long")
+      ->capture_default_str();
+  args.run->add_option("--max-runtime", args.max_runtime, "Stop the command after this long");
+  args.run->add_option("--env", args.env, "NAME=VALUE for the command's environment (repeatable)")
+      ->allow_extra_args(false);  // one value per --env, so the command cannot be swallowed
+  args.run->add_option("--workdir", args.workdir, "Directory to run in (default: the current one)");
+  args.run->add_flag("--keep", args.keep, "Keep the workload's directory and logs afterwards");
+  AddBackendOptions(*args.run, args);
+  args.run->add_option("command", args.command, "The command and its arguments, after --");
+
+  args.inject = agent->add_subcommand(
+      "inject", "Inject a simulated GPU fault into a running agent (only with --sim-gpus)");
+  args.inject->add_option("--agent", args.agent_url, "The agent's URL")->capture_default_str();
+  args.inject->add_option("--gpu", args.gpu, "GPU index")->required();
+  args.inject->add_option("--kind", args.kind, "xid, ecc, row_remap, lost, temperature or clear")
+      ->required();
+  args.inject->add_option("--code", args.code,
+                          "xid: the XID; ecc: errors to add; row_remap: 1 pending, 2 failure; "
+                          "temperature: degrees C");
+  args.inject->add_flag("--json", args.json, "Print the GPU as JSON");
+
+  args.status =
+      agent->add_subcommand("status", "Show a running agent's GPUs, health and workloads");
+  args.status->add_option("--agent", args.agent_url, "The agent's URL")->capture_default_str();
+  args.status->add_flag("--json", args.json, "Print the agent's answers as JSON");
+  return agent;
+}
+
+int RunAgent(const AgentArgs& args) {
+  if (*args.run) return RunLocal(args);
+  if (*args.inject) return RunInject(args);
+  if (*args.status) return RunStatus(args);
+  return RunDaemon(args);
+}
+
+int RunAgentShim(int argc, char** argv) {
+  return agent::RunShim(argc, argv);
+}
+
+}  // namespace gpufleet::cli

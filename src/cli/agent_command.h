@@ -1,0 +1,58 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+namespace gpufleet::cli {
+
+// Flags of `gpufleet agent` and its subcommands (run, inject, status), as typed; RunAgent
+// validates them.
+struct AgentArgs {
+  // The daemon, and the backend of `agent run`.
+  bool standalone = false;
+  std::string listen = "127.0.0.1:9400";
+  std::string data_dir = ".gpufleet/agent";
+  std::string sim_gpus;
+  std::string sim_profile;
+  std::string nvml_library = "libnvidia-ml.so.1";
+  std::string interval = "1s";
+  std::string hostname;
+  std::string cgroups = "auto";
+
+  // agent run
+  int32_t gpus = 0;
+  std::string cpu;
+  std::string memory;
+  std::string grace = "10s";
+  std::string max_runtime;
+  std::vector<std::string> env;
+  std::string workdir;
+  bool keep = false;
+  std::vector<std::string> command;
+
+  // agent inject / agent status
+  std::string agent_url = "http://127.0.0.1:9400";
+  int32_t gpu = 0;
+  std::string kind;
+  int64_t code = 0;
+  bool json = false;
+
+  CLI::App* run = nullptr;
+  CLI::App* inject = nullptr;
+  CLI::App* status = nullptr;
+};
+
+CLI::App* AddAgentCommand(CLI::App& app, AgentArgs& args);
+
+// Runs whichever of `agent`, `agent run`, `agent inject`, `agent status` was given. Exit status:
+// the daemon 0 after SIGTERM/SIGINT; `run` the workload's exit code (128 + signal when killed);
+// 2 for bad flags; 1 for other failures.
+int RunAgent(const AgentArgs& args);
+
+// The hidden `gpufleet agent-shim ...` (argv[0] = "agent-shim"): the per-workload supervisor.
+int RunAgentShim(int argc, char** argv);
+
+}  // namespace gpufleet::cli

@@ -1,0 +1,79 @@
+// The `gpufleet` command line.
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "cli/agent_command.h"
+#include "cli/sim_command.h"
+#include "core/version.h"
+
+namespace {
+
+constexpr int kExitUsage = 2;
+
+// App::help() of a parsed app delegates to the chosen subcommand; the formatter does not.
+std::string HelpText(CLI::App& command, const std::string& usage_name) {
+  return command.get_formatter()->make_help(&command, usage_name, CLI::AppFormatMode::Normal);
+}
+
+int PrintHelp(CLI::App& app, const std::vector<std::string>& topic) {
+  if (topic.empty()) {
+    fmt::print("{}", HelpText(app, "gpufleet"));
+    return 0;
+  }
+  for (CLI::App* command : app.get_subcommands({})) {
+    if (command->get_name() == topic.front()) {
+      fmt::print("{}", HelpText(*command, "gpufleet " + command->get_name()));
+      return 0;
+    }
+  }
+  fmt::print(stderr, "error: no command '{}'; run 'gpufleet help'\n", topic.front());
+  return kExitUsage;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // The agent's per-workload supervisor (docs/agent-execution.md): its arguments must reach it
+  // untouched, so it is dispatched before CLI11 sees them.
+  if (argc >= 2 && std::string_view(argv[1]) == "agent-shim")
+    return gpufleet::cli::RunAgentShim(argc - 1, argv + 1);
+
+  CLI::App app{
+      "gpufleet: scheduling for GPU clusters, and a simulator to judge policies on "
+      "real traces",
+      "gpufleet"};
+  app.set_version_flag("--version", std::string("gpufleet ") + gpufleet::kVersion);
+
+  // Listed here for the help text; handled before parsing, because CLI11 would read a command
+  // name after it ("gpufleet help sim") as that command rather than as an argument.
+  app.add_subcommand("help", "Show help for gpufleet or one of its commands")
+      ->add_option("command", "Command to explain");
+
+  gpufleet::cli::SimArgs sim_args;
+  CLI::App* sim = gpufleet::cli::AddSimCommand(app, sim_args);
+  gpufleet::cli::AgentArgs agent_args;
+  CLI::App* agent = gpufleet::cli::AddAgentCommand(app, agent_args);
+
+  if (argc >= 2 && std::string_view(argv[1]) == "help")
+    return PrintHelp(app, std::vector<std::string>(argv + 2, argv + argc));
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    // --help and --version arrive as "errors" with exit code 0; CLI11 prints them.
+    if (error.get_exit_code() == 0) return app.exit(error);
+    // CLI11's own exit codes vary by error kind; every usage error exits 2 here.
+    fmt::print(stderr, "error: {}\nrun 'gpufleet help' or 'gpufleet <command> --help'\n",
+               error.what());
+    return kExitUsage;
+  }
+  if (*sim) return gpufleet::cli::RunSim(sim_args);
+  if (*agent) return gpufleet::cli::RunAgent(agent_args);
+  fmt::print(stderr, "{}", HelpText(app, "gpufleet"));
+  return kExitUsage;
+}

@@ -1,0 +1,382 @@
+#include "cli/sim_command.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "core/cluster.h"
+#include "sched/policy.h"
+#include "sim/report.h"
+#include "sim/simulator.h"
+#include "sim/trace_readers.h"
+
+namespace gpufleet::cli {
+namespace {
+
+constexpr int kExitFailure = 1;
+constexpr int kExitBadInput = 2;
+
+// Bad flags or input: reported as "error: ..." with exit status 2.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+template <typename T, typename Parse>
+T ParseChoice(const std::string& what, const std::string& value, Parse parse,
+              const std::vector<std::string>& valid) {
+  if (std::optional<T> parsed = parse(value)) return *parsed;
+  throw UsageError(fmt::format("unknown {} '{}' (valid: {})", what, value, fmt::join(valid, ", ")));
+}
+
+// The reader's names plus "alibaba", the short name the docs use for the pod lists.
+std::vector<std::string> FormatChoices() {
+  std::vector<std::string> names;
+  for (std::string_view name : sim::TraceFormatNames())
+    names.emplace_back(name);
+  names.emplace_back("alibaba");
+  return names;
+}
+
+std::optional<sim::TraceFormat> ParseFormat(const std::string& name) {
+  if (name == "alibaba") return sim::TraceFormat::kAlibabaPods;
+  return sim::ParseTraceFormat(name);
+}
+
+struct ClusterChoice {
+  Cluster cluster;
+  std::string description;
+  int32_t max_gpus_per_node = 0;
+};
+
+ClusterChoice BuildCluster(const SimArgs& args) {
+  if (args.nodes_per_rack < 1 || args.racks_per_spine < 1)
+    throw UsageError("--nodes-per-rack and --racks-per-spine must be at least 1");
+  ClusterChoice choice;
+  if (!args.alibaba_nodes.empty()) {
+    if (!std::filesystem::is_regular_file(args.alibaba_nodes))
+      throw UsageError(fmt::format("cannot read node list '{}': no such file", args.alibaba_nodes));
+    try {
+      choice.cluster =
+          sim::ReadAlibabaNodes(args.alibaba_nodes, args.nodes_per_rack, args.racks_per_spine);
+    } catch (const std::invalid_argument& error) {
+      throw UsageError(error.what());
+    }
+    std::map<std::string, int64_t> gpus_by_model;
+    for (const Node& node : choice.cluster.nodes) {
+      choice.max_gpus_per_node =
+          std::max(choice.max_gpus_per_node, static_cast<int32_t>(node.gpus.size()));
+      for (const Gpu& gpu : node.gpus)
+        ++gpus_by_model[gpu.model];
+    }
+    std::vector<std::string> models;
+    for (const auto& [model, count] : gpus_by_model)
+      models.push_back(fmt::format("{} {}", sim::GroupThousands(count), model));
+    const auto node_count = static_cast<int64_t>(choice.cluster.nodes.size());
+    choice.description = fmt::format(
+        "{} node{} from {} ({})", sim::GroupThousands(node_count), node_count == 1 ? "" : "s",
+        std::filesystem::path(args.alibaba_nodes).filename().string(),
+        models.empty() ? "no GPUs" : fmt::format("{}", fmt::join(models, ", ")));
+  } else {
+    if (args.nodes < 1 || args.gpus_per_node < 0 || args.gpus_per_island < 1)
+      throw UsageError(
+          "--nodes and --gpus-per-island must be at least 1, --gpus-per-node at least 0");
+    UniformClusterShape shape;
+    shape.nodes = args.nodes;
+    shape.gpus_per_node = args.gpus_per_node;
+    shape.nodes_per_rack = args.nodes_per_rack;
+    shape.racks_per_spine = args.racks_per_spine;
+    shape.gpus_per_nvlink_island = args.gpus_per_island;
+    shape.gpu_model = args.gpu_model;
+    choice.cluster = MakeUniformCluster(shape);
+    choice.max_gpus_per_node = args.gpus_per_node;
+    choice.description = fmt::format("{} node{} x {} {} GPUs (uniform, {} nodes per rack)",
+                                     sim::GroupThousands(args.nodes), args.nodes == 1 ? "" : "s",
+                                     args.gpus_per_node, args.gpu_model, args.nodes_per_rack);
+  }
+  if (std::optional<std::string> problem = ValidateCluster(choice.cluster))
+    throw UsageError(fmt::format("invalid cluster: {}", *problem));
+  return choice;
+}
+
+// One simulation to run: the scheduler configuration and how it is described.
+struct RunPlan {
+  sched::SchedulerConfig config;
+  sim::SimOptions options;
+  sim::RunDescription description;
+};
+
+RunPlan PlanRun(const SimArgs& args, sched::QueueOrder order, const std::string& placement,
+                const sim::RunDescription& base) {
+  RunPlan plan;
+  plan.config.order = order;
+  plan.config.backfill = args.backfill.empty() ? sched::DefaultBackfill(order)
+                                               : ParseChoice<sched::Backfill>(
+                                                     "backfill mode", args.backfill,
+                                                     sched::ParseBackfill, sched::BackfillNames());
+  plan.config.placement = ParseChoice<sched::PlacementPolicy>(
+      "placement policy", placement, sched::ParsePlacementPolicy, sched::PlacementPolicyNames());
+  plan.config.preempt = args.preempt;
+  if (!args.las_limits_gpu_s.empty()) plan.config.las_queue_limits_gpu_s = args.las_limits_gpu_s;
+
+  plan.options.restart_cost_ms = std::llround(args.restart_cost_s * kMsPerSecond);
+  plan.options.mode =
+      ParseChoice<sim::SimMode>("mode", args.mode, sim::ParseSimMode, sim::SimModeNames());
+  if (args.estimates.empty()) {
+    // SJF and EASY backfill rank and reserve by run time; without an estimate they degrade to
+    // FIFO order, so they get the oracle unless told otherwise.
+    const bool needs_estimates =
+        order == sched::QueueOrder::kSjf || plan.config.backfill == sched::Backfill::kEasy;
+    plan.options.estimates = needs_estimates ? sim::Estimates::kOracle : sim::Estimates::kNone;
+  } else {
+    plan.options.estimates = ParseChoice<sim::Estimates>(
+        "estimates source", args.estimates, sim::ParseEstimates, sim::EstimatesNames());
+  }
+
+  plan.description = base;
+  plan.description.policy = sched::Name(order);
+  plan.description.backfill = sched::Name(plan.config.backfill);
+  plan.description.placement = sched::Name(plan.config.placement);
+  plan.description.preempt = plan.config.preempt;
+  plan.description.estimates = sim::Name(plan.options.estimates);
+  plan.description.las_queue_limits_gpu_s = plan.config.las_queue_limits_gpu_s;
+  plan.description.restart_cost_s = args.restart_cost_s;
+  return plan;
+}
+
+void CheckNumbers(const SimArgs& args) {
+  if (args.restart_cost_s < 0 || !std::isfinite(args.restart_cost_s))
+    throw UsageError("--restart-cost must be a non-negative number of seconds");
+  if (args.load && !(*args.load > 0 && std::isfinite(*args.load)))
+    throw UsageError("--load must be a positive factor");
+  if (args.limit < 0) throw UsageError("--limit must not be negative");
+  int64_t previous = 0;
+  for (int64_t limit : args.las_limits_gpu_s) {
+    if (limit <= previous)
+      throw UsageError("--las-limits must be positive GPU-seconds in increasing order");
+    previous = limit;
+  }
+}
+
+std::string PlotTitle(const sim::SimReport& first, size_t runs, const std::string& policies) {
+  const std::string trace = std::filesystem::path(first.run.trace).filename().string();
+  return fmt::format("{} on {} GPUs: {}{}", trace, sim::GroupThousands(first.usable_gpus), policies,
+                     runs == 1 ? fmt::format(" (backfill {})", first.run.backfill) : "");
+}
+
+void WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (out) out << text;
+  if (!out) throw std::runtime_error(fmt::format("cannot write '{}'", path));
+}
+
+int Run(const SimArgs& args) {
+  CheckNumbers(args);
+  // Parse every choice before the (slow) trace read so that typos fail fast.
+  const sched::QueueOrder order = ParseChoice<sched::QueueOrder>(
+      "policy", args.policy, sched::ParseQueueOrder, sched::QueueOrderNames());
+  std::optional<sim::TraceFormat> format;
+  if (args.format != "detect") {
+    format =
+        ParseChoice<sim::TraceFormat>("trace format", args.format, ParseFormat, FormatChoices());
+  }
+  (void)PlanRun(args, order, args.placement, {});  // validates backfill, placement, estimates
+  const sim::SimMode mode =
+      ParseChoice<sim::SimMode>("mode", args.mode, sim::ParseSimMode, sim::SimModeNames());
+  if (!args.plot.empty() && mode == sim::SimMode::kFill)
+    throw UsageError("--plot draws a replay over time; fill mode has no time axis");
+
+  if (!args.plot.empty()) {
+    // Fail before a long run rather than after it. Appending creates the file without
+    // truncating one that exists; the real write replaces it.
+    const std::filesystem::path parent = std::filesystem::path(args.plot).parent_path();
+    std::error_code ignored;  // the open below reports what matters
+    if (!parent.empty()) std::filesystem::create_directories(parent, ignored);
+    std::ofstream probe(args.plot, std::ios::app);
+    if (!probe) throw UsageError(fmt::format("cannot write the plot to '{}'", args.plot));
+  }
+
+  ClusterChoice cluster = BuildCluster(args);
+  if (!std::filesystem::is_regular_file(args.trace))
+    throw UsageError(fmt::format("cannot read trace '{}': no such file", args.trace));
+  sim::ReadOptions read_options;
+  read_options.skip_invalid = args.skip_invalid;
+  read_options.gpus_per_node = std::max(1, cluster.max_gpus_per_node);
+  read_options.limit = args.limit;
+  const sim::TraceFormat used_format = format ? *format : sim::DetectTraceFormat(args.trace);
+  sim::Trace trace;
+  try {
+    trace = sim::ReadTrace(args.trace, used_format, read_options);
+  } catch (const std::invalid_argument& error) {  // options out of range
+    throw UsageError(error.what());
+  }
+
+  sim::RunDescription base;
+  base.trace = trace.source.empty() ? args.trace : trace.source;
+  base.trace_format = std::string(sim::TraceFormatName(used_format));
+  base.cluster = cluster.description;
+  base.nodes = static_cast<int64_t>(cluster.cluster.nodes.size());
+  base.skipped_invalid = trace.skipped;
+  try {
+    base.skipped_infeasible = sim::RemoveInfeasibleJobs(cluster.cluster, trace, args.skip_invalid);
+  } catch (const sim::TraceError& error) {
+    throw sim::TraceError(fmt::format("{} (--skip-invalid skips such jobs)", error.what()));
+  }
+  // On stderr, so that --json output stays clean.
+  for (const std::string& example : trace.skip_examples)
+    fmt::print(stderr, "skipped: {}\n", example);
+
+  if (args.load) {
+    const double offered = sim::OfferedLoad(trace, cluster.cluster.UsableGpus());
+    if (offered <= 0)
+      throw UsageError(
+          "--load needs a trace whose jobs arrive over a time span on a cluster with GPUs");
+    base.offered_load = offered;
+    base.target_load = *args.load;
+    base.arrival_scale = offered / *args.load;
+    sim::ScaleSubmitTimes(trace, base.arrival_scale);
+  }
+
+  // What --compare varies: the queue order in a replay; in fill mode, where pods arrive one at a
+  // time and the order cannot matter, the placement policy (the point of the FGD experiment).
+  std::vector<std::pair<sched::QueueOrder, std::string>> variants = {{order, args.placement}};
+  if (args.compare) {
+    variants.clear();
+    if (mode == sim::SimMode::kFill) {
+      for (const std::string& placement : sched::PlacementPolicyNames())
+        variants.emplace_back(order, placement);
+    } else {
+      for (const std::string& name : sched::QueueOrderNames())
+        variants.emplace_back(*sched::ParseQueueOrder(name), args.placement);
+    }
+  }
+  std::vector<sim::SimReport> reports;
+  for (const auto& [run_order, placement] : variants) {
+    RunPlan plan = PlanRun(args, run_order, placement, base);
+    const auto started = std::chrono::steady_clock::now();
+    sim::SimResult result = sim::Simulate(cluster.cluster, trace, plan.config, plan.options);
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - started;
+    sim::SimReport report = sim::MakeReport(result, std::move(plan.description));
+    report.wall_time_s = took.count();
+    reports.push_back(std::move(report));
+  }
+
+  if (args.json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const sim::SimReport& report : reports)
+      out.push_back(sim::ToJson(report));
+    fmt::print("{}\n", (args.compare ? out : out.front()).dump(2));
+  } else {
+    fmt::print("{}",
+               args.compare ? sim::FormatComparison(reports) : sim::FormatReport(reports.front()));
+  }
+  if (!args.plot.empty()) {
+    std::vector<std::string> names;
+    for (const sim::SimReport& report : reports)
+      names.push_back(report.run.policy);
+    WriteFile(args.plot,
+              sim::RenderSvg(reports, PlotTitle(reports.front(), reports.size(),
+                                                fmt::format("{}", fmt::join(names, " vs ")))));
+    if (!args.json) fmt::print("plot written to {}\n", args.plot);
+  }
+  return 0;
+}
+
+}  // namespace
+
+CLI::App* AddSimCommand(CLI::App& app, SimArgs& args) {
+  CLI::App* sim = app.add_subcommand(
+      "sim", "Replay a job trace on a simulated cluster and report JCT, queueing and utilisation");
+  sim->add_option("--trace", args.trace, "Trace file (CSV)")->required();
+  sim->add_option("--format", args.format,
+                  fmt::format("Trace format: detect, {}", fmt::join(FormatChoices(), ", ")))
+      ->capture_default_str();
+
+  sim->add_option("--nodes", args.nodes, "Uniform cluster: number of nodes")->capture_default_str();
+  sim->add_option("--gpus-per-node", args.gpus_per_node, "Uniform cluster: GPUs per node")
+      ->capture_default_str();
+  sim->add_option("--gpu-model", args.gpu_model, "Uniform cluster: GPU model")
+      ->capture_default_str();
+  sim->add_option("--gpus-per-island", args.gpus_per_island,
+                  "Uniform cluster: GPUs per NVLink island")
+      ->capture_default_str();
+  sim->add_option("--nodes-per-rack", args.nodes_per_rack, "Nodes per rack (leaf switch)")
+      ->capture_default_str();
+  sim->add_option("--racks-per-spine", args.racks_per_spine, "Racks per spine switch")
+      ->capture_default_str();
+  CLI::Option* alibaba_nodes = sim->add_option(
+      "--alibaba-nodes", args.alibaba_nodes,
+      "Cluster from an Alibaba v2023 node list (sn,cpu_milli,memory_mib,gpu,model) instead of a "
+      "uniform shape");
+  for (const char* uniform_only :
+       {"--nodes", "--gpus-per-node", "--gpu-model", "--gpus-per-island"})
+    alibaba_nodes->excludes(uniform_only);
+
+  sim->add_option("--policy", args.policy,
+                  fmt::format("Queue order: {}", fmt::join(sched::QueueOrderNames(), ", ")))
+      ->capture_default_str();
+  std::vector<std::string> backfill_defaults;
+  for (const std::string& name : sched::QueueOrderNames()) {
+    backfill_defaults.push_back(fmt::format(
+        "{} for {}", sched::Name(sched::DefaultBackfill(*sched::ParseQueueOrder(name))), name));
+  }
+  sim->add_option("--backfill", args.backfill,
+                  fmt::format("Backfill: {} (default: {})", fmt::join(sched::BackfillNames(), ", "),
+                              fmt::join(backfill_defaults, ", ")));
+  sim->add_option("--placement", args.placement,
+                  fmt::format("Placement: {}", fmt::join(sched::PlacementPolicyNames(), ", ")))
+      ->capture_default_str();
+  sim->add_flag("--preempt", args.preempt,
+                "Let pending jobs preempt lower-ranked running jobs (las always preempts)");
+  sim->add_option("--las-limits", args.las_limits_gpu_s,
+                  "LAS queue limits in GPU-seconds, comma separated (default 3200)")
+      ->delimiter(',');
+  sim->add_option("--restart-cost", args.restart_cost_s,
+                  "Seconds added to a job's remaining run time at each preemption")
+      ->capture_default_str();
+  sim->add_option("--estimates", args.estimates,
+                  "Runtime estimates: none, oracle (default: oracle for sjf and easy backfill)");
+  sim->add_option("--mode", args.mode,
+                  "replay: arrivals and completions; fill: place pods until a GPU pod fails (FGD)")
+      ->capture_default_str();
+  sim->add_option_function<double>(
+      "--load", [&args](double load) { args.load = load; },
+      "Scale inter-arrival times so that the offered load becomes this factor");
+  sim->add_flag("--skip-invalid", args.skip_invalid,
+                "Skip malformed rows and jobs that can never fit the cluster, and count them");
+  sim->add_option("--limit", args.limit, "Read at most this many jobs");
+  sim->add_flag("--json", args.json, "Print the report as JSON");
+  sim->add_option("--plot", args.plot, "Write an SVG plot of allocated GPUs and queue length");
+  sim->add_flag("--compare", args.compare,
+                "Run every queue order (fill mode: every placement) on the same input and print "
+                "one row each");
+  return sim;
+}
+
+int RunSim(const SimArgs& args) {
+  try {
+    return Run(args);
+  } catch (const UsageError& error) {
+    fmt::print(stderr, "error: {}\n", error.what());
+    return kExitBadInput;
+  } catch (const sim::TraceError& error) {
+    fmt::print(stderr, "error: {}\n", error.what());
+    return kExitBadInput;
+  } catch (const sim::SimError& error) {
+    fmt::print(stderr, "error: simulation failed: {}\n", error.what());
+    return kExitFailure;
+  } catch (const std::exception& error) {
+    fmt::print(stderr, "error: {}\n", error.what());
+    return kExitFailure;
+  }
+}
+
+}  // namespace gpufleet::cli

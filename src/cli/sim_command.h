@@ -1,0 +1,47 @@
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+namespace gpufleet::cli {
+
+// Flags of `gpufleet sim`, as typed; RunSim validates them.
+struct SimArgs {
+  std::string trace;
+  std::string format = "detect";
+  // Uniform cluster shape (defaults: core's UniformClusterShape).
+  int32_t nodes = 64;
+  int32_t gpus_per_node = 8;
+  int32_t nodes_per_rack = 16;
+  int32_t racks_per_spine = 8;
+  int32_t gpus_per_island = 8;
+  std::string gpu_model = "H100-80GB";
+  std::string alibaba_nodes;  // node list instead of a uniform shape
+
+  std::string policy = "fifo";
+  std::string backfill;  // empty: the policy's default
+  std::string placement = "binpack";
+  bool preempt = false;
+  std::vector<int64_t> las_limits_gpu_s;  // empty: the scheduler's default
+  double restart_cost_s = 30;
+  std::string estimates;  // empty: oracle for sjf and EASY backfill, else none
+  std::string mode = "replay";
+  std::optional<double> load;  // empty: arrival times as recorded
+  bool skip_invalid = false;
+  int64_t limit = 0;
+  bool json = false;
+  std::string plot;
+  bool compare = false;
+};
+
+CLI::App* AddSimCommand(CLI::App& app, SimArgs& args);
+
+// Exit status: 0 on success, 2 for bad input (flags, trace, cluster), 1 when the simulation
+// itself fails or the output cannot be written.
+int RunSim(const SimArgs& args);
+
+}  // namespace gpufleet::cli
