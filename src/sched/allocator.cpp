@@ -47,6 +47,7 @@ Allocator::Allocator(const Cluster& cluster) : cluster_(cluster) {
       gpu_node_.push_back(static_cast<int32_t>(n));
       gpu_usable_.push_back(usable ? 1 : 0);
       if (usable) {
+        ++state.usable_gpus;
         ++state.free_whole;
         usable_gpu_milli_total_ += kMilliPerGpu;
       }
@@ -62,7 +63,8 @@ Allocator::Allocator(const Cluster& cluster) : cluster_(cluster) {
   rack_free_whole_.assign(rack_ids.size(), 0);
   spine_free_whole_.assign(spine_ids.size(), 0);
   buckets_.resize(static_cast<size_t>(max_gpus_per_node_) + 1);
-  bucket_pos_.assign(nodes_.size(), -1);
+  for (NodeSet& bucket : buckets_)
+    bucket.Resize(nodes_.size());
   for (int32_t n = 0; n < static_cast<int32_t>(nodes_.size()); ++n) {
     const NodeState& state = nodes_[static_cast<size_t>(n)];
     rack_nodes_[static_cast<size_t>(state.rack)].push_back(n);
@@ -74,19 +76,11 @@ Allocator::Allocator(const Cluster& cluster) : cluster_(cluster) {
 }
 
 void Allocator::BucketInsert(int32_t node) {
-  auto& bucket = buckets_[static_cast<size_t>(nodes_[static_cast<size_t>(node)].free_whole)];
-  bucket_pos_[static_cast<size_t>(node)] = static_cast<int32_t>(bucket.size());
-  bucket.push_back(node);
+  buckets_[static_cast<size_t>(nodes_[static_cast<size_t>(node)].free_whole)].Insert(node);
 }
 
 void Allocator::BucketRemove(int32_t node) {
-  auto& bucket = buckets_[static_cast<size_t>(nodes_[static_cast<size_t>(node)].free_whole)];
-  const int32_t pos = bucket_pos_[static_cast<size_t>(node)];
-  const int32_t last = bucket.back();
-  bucket[static_cast<size_t>(pos)] = last;
-  bucket_pos_[static_cast<size_t>(last)] = pos;
-  bucket.pop_back();
-  bucket_pos_[static_cast<size_t>(node)] = -1;
+  buckets_[static_cast<size_t>(nodes_[static_cast<size_t>(node)].free_whole)].Erase(node);
 }
 
 void Allocator::SetFreeWhole(int32_t node, int32_t free_whole) {
@@ -138,41 +132,46 @@ void Allocator::Commit(const JobSpec& spec, const Allocation& allocation) {
   if (static_cast<int32_t>(allocation.size()) != spec.tasks)
     throw std::invalid_argument(fmt::format("job {}: allocation has {} tasks, spec asks for {}",
                                             spec.id, allocation.size(), spec.tasks));
-  // Check everything first so a bad allocation changes nothing.
-  std::unordered_map<int32_t, MilliGpu> gpu_take;
-  std::unordered_map<int32_t, std::pair<MilliCpu, MiB>> node_take;
   for (const TaskPlacement& task : allocation) {
     if (task.node < 0 || task.node >= static_cast<int32_t>(nodes_.size()))
       throw std::invalid_argument(fmt::format("job {}: no node {}", spec.id, task.node));
     const NodeState& state = nodes_[static_cast<size_t>(task.node)];
-    auto& [cpu, memory] = node_take[task.node];
-    cpu += spec.cpu_milli_per_task;
-    memory += spec.memory_mib_per_task;
     for (const GpuShare& share : task.gpus) {
       if (share.gpu < 0 || share.gpu >= state.gpu_count || share.milli <= 0 ||
           share.milli > kMilliPerGpu)
         throw std::invalid_argument(fmt::format("job {}: bad GPU share {}:{} on node {}", spec.id,
                                                 share.gpu, share.milli, task.node));
-      gpu_take[state.gpu_begin + share.gpu] += share.milli;
     }
   }
-  for (const auto& [gpu, milli] : gpu_take) {
-    if (milli > gpu_free_[static_cast<size_t>(gpu)])
-      throw std::invalid_argument(
-          fmt::format("job {}: GPU {} double-allocated ({} milli-GPU asked, {} free)", spec.id, gpu,
-                      milli, gpu_free_[static_cast<size_t>(gpu)]));
-  }
-  for (const auto& [node, take] : node_take) {
-    const NodeState& state = nodes_[static_cast<size_t>(node)];
-    if (take.first > state.free_cpu || take.second > state.free_memory)
-      throw std::invalid_argument(
-          fmt::format("job {}: node {} CPU or memory over-allocated", spec.id, node));
-  }
-  for (const auto& [gpu, milli] : gpu_take)
-    TakeGpuMilli(gpu, milli);
-  for (const auto& [node, take] : node_take) {
-    nodes_[static_cast<size_t>(node)].free_cpu -= take.first;
-    nodes_[static_cast<size_t>(node)].free_memory -= take.second;
+  // Take task by task; a task that does not fit rolls back the ones before it, so a bad
+  // allocation changes nothing. This runs for every running job in every cycle: no maps.
+  for (size_t t = 0; t < allocation.size(); ++t) {
+    const TaskPlacement& task = allocation[t];
+    NodeState& state = nodes_[static_cast<size_t>(task.node)];
+    std::string problem;
+    if (spec.cpu_milli_per_task > state.free_cpu || spec.memory_mib_per_task > state.free_memory)
+      problem = fmt::format("job {}: node {} CPU or memory over-allocated", spec.id, task.node);
+    size_t taken = 0;
+    for (; problem.empty() && taken < task.gpus.size(); ++taken) {
+      const GpuShare& share = task.gpus[taken];
+      const int32_t gpu = state.gpu_begin + share.gpu;
+      if (share.milli > gpu_free_[static_cast<size_t>(gpu)]) {
+        problem = fmt::format("job {}: GPU {} double-allocated ({} milli-GPU asked, {} free)",
+                              spec.id, gpu, share.milli, gpu_free_[static_cast<size_t>(gpu)]);
+        break;
+      }
+      TakeGpuMilli(gpu, share.milli);
+    }
+    if (!problem.empty()) {
+      for (size_t g = 0; g < taken; ++g)
+        ReturnGpuMilli(state.gpu_begin + task.gpus[g].gpu, task.gpus[g].milli);
+      JobSpec done = spec;
+      done.tasks = static_cast<int32_t>(t);
+      Release(done, Allocation(allocation.begin(), allocation.begin() + static_cast<long>(t)));
+      throw std::invalid_argument(problem);
+    }
+    state.free_cpu -= spec.cpu_milli_per_task;
+    state.free_memory -= spec.memory_mib_per_task;
   }
 }
 
@@ -269,12 +268,11 @@ std::optional<Allocation> Allocator::PlaceWholeGang(const JobSpec& spec, const E
     const bool ascending = policy == PlacementPolicy::kBinPack;
     for (int32_t i = 0; i <= max_gpus_per_node_ - total && chosen.empty(); ++i) {
       const int32_t b = ascending ? total + i : max_gpus_per_node_ - i;
-      for (int32_t node : buckets_[static_cast<size_t>(b)]) {
-        if (TasksFit(node, spec, e) >= spec.tasks) {
-          chosen.emplace_back(node, spec.tasks);
-          break;
-        }
-      }
+      buckets_[static_cast<size_t>(b)].ForEach([&](int32_t node) {
+        if (TasksFit(node, spec, e) < spec.tasks) return true;
+        chosen.emplace_back(node, spec.tasks);
+        return false;
+      });
     }
   }
 
@@ -437,18 +435,18 @@ bool Allocator::PlaceSharedTask(const JobSpec& spec, const Eligibility& e, Place
     const bool ascending = policy == PlacementPolicy::kBinPack;
     for (int32_t i = 0; i < max_gpus_per_node_ && best_gpu < 0; ++i) {
       const int32_t b = ascending ? 1 + i : max_gpus_per_node_ - i;
-      for (int32_t node : buckets_[static_cast<size_t>(b)]) {
+      buckets_[static_cast<size_t>(b)].ForEach([&](int32_t node) {
         const NodeState& s = nodes_[static_cast<size_t>(node)];
-        if (!node_has_room(s)) continue;
+        if (!node_has_room(s)) return true;
         for (int32_t g = s.gpu_begin; g < s.gpu_begin + s.gpu_count; ++g) {
           if (gpu_free_[static_cast<size_t>(g)] == kMilliPerGpu && GpuEligible(g, e)) {
             best_gpu = g;
             best_node = node;
-            break;
+            return false;
           }
         }
-        if (best_gpu >= 0) break;
-      }
+        return true;
+      });
     }
   };
   // Best fit fills shared GPUs before opening a whole one. Spread is worst fit: the GPU with the
@@ -510,19 +508,41 @@ WaitReason Allocator::WhyNotNow(const JobSpec& spec) const {
 
 std::optional<WaitReason> Allocator::WhyNeverFits(const JobSpec& spec) const {
   const Eligibility e = EligibilityOf(spec);
+  // Usable GPUs on a node that the job may use; without constraints that is known in advance.
+  auto eligible_on = [&](int32_t n) -> int64_t {
+    const NodeState& state = nodes_[static_cast<size_t>(n)];
+    if (e.unconstrained) return state.usable_gpus;
+    int64_t count = 0;
+    for (int32_t g = state.gpu_begin; g < state.gpu_begin + state.gpu_count; ++g)
+      count += GpuEligible(g, e) ? 1 : 0;
+    return count;
+  };
   if (spec.gpu_milli_per_task > 0) {
     int64_t eligible = 0;
-    for (int32_t g = 0; g < static_cast<int32_t>(gpu_free_.size()); ++g)
-      eligible += GpuEligible(g, e) ? 1 : 0;
+    for (int32_t n = 0; n < static_cast<int32_t>(nodes_.size()); ++n)
+      eligible += eligible_on(n);
     if (!e.any_model_known || eligible == 0)
       return e.unconstrained ? WaitReason::kInfeasibleGpuCount : WaitReason::kInfeasibleGpuModel;
     if (!spec.Fractional() && eligible < int64_t{spec.WholeGpusPerTask()} * spec.tasks)
       return WaitReason::kInfeasibleGpuCount;
   }
+  // Tasks per node with nothing running: from the node's capacity, not its free state, so the
+  // answer is the same on an Allocator with any commits.
   int64_t tasks = 0;
   bool any_node = false;
   for (int32_t n = 0; n < static_cast<int32_t>(nodes_.size()); ++n) {
-    const int32_t fit = TasksFit(n, spec, e);
+    const NodeState& state = nodes_[static_cast<size_t>(n)];
+    const Node& node = cluster_.nodes[static_cast<size_t>(n)];
+    if (!state.schedulable) continue;
+    int64_t fit = std::numeric_limits<int32_t>::max();
+    if (spec.gpu_milli_per_task > 0) {
+      const int64_t eligible = eligible_on(n);
+      fit = spec.Fractional() ? eligible * (kMilliPerGpu / spec.gpu_milli_per_task)
+                              : eligible / spec.WholeGpusPerTask();
+    }
+    if (spec.cpu_milli_per_task > 0) fit = std::min(fit, node.cpu_milli / spec.cpu_milli_per_task);
+    if (spec.memory_mib_per_task > 0)
+      fit = std::min(fit, node.memory_mib / spec.memory_mib_per_task);
     any_node = any_node || fit > 0;
     tasks += fit;
   }

@@ -31,8 +31,8 @@ class Allocator {
 
   // Why a job that Place just refused does not fit now.
   WaitReason WhyNotNow(const JobSpec& spec) const;
-  // Whether the job fits this cluster when nothing runs on it; call on an Allocator with no
-  // commits. Returns the infeasibility reason, or nothing when the job can fit.
+  // Whether the job could fit this cluster were nothing running on it: the infeasibility reason,
+  // or nothing. Depends only on the cluster, not on what is committed.
   std::optional<WaitReason> WhyNeverFits(const JobSpec& spec) const;
 
   int64_t FreeGpuMilli() const { return free_gpu_milli_total_; }
@@ -51,10 +51,36 @@ class Allocator {
     MiB free_memory = 0;
     int32_t gpu_begin = 0;  // first GPU in the flat GPU arrays
     int32_t gpu_count = 0;
-    int32_t free_whole = 0;  // healthy GPUs with nothing allocated
+    int32_t usable_gpus = 0;  // healthy GPUs, whether free or not
+    int32_t free_whole = 0;   // healthy GPUs with nothing allocated
     int32_t rack = 0;
     int32_t spine = 0;
     bool schedulable = true;
+  };
+
+  // A set of nodes visited in index order, so that which of several equal nodes a placement picks
+  // depends only on the cluster's state, never on the order of the changes that led to it (the
+  // simulator keeps one Allocator across cycles; the server builds a new one each cycle).
+  class NodeSet {
+   public:
+    void Resize(size_t nodes) { words_.assign((nodes + 63) / 64, 0); }
+    void Insert(int32_t node) { words_[Word(node)] |= Bit(node); }
+    void Erase(int32_t node) { words_[Word(node)] &= ~Bit(node); }
+    // Calls visit(node) in index order until it returns false.
+    template <typename Visit>
+    void ForEach(Visit&& visit) const {
+      for (size_t w = 0; w < words_.size(); ++w) {
+        for (uint64_t bits = words_[w]; bits != 0; bits &= bits - 1) {
+          const int32_t node = static_cast<int32_t>(w * 64) + __builtin_ctzll(bits);
+          if (!visit(node)) return;
+        }
+      }
+    }
+
+   private:
+    static size_t Word(int32_t node) { return static_cast<size_t>(node) >> 6; }
+    static uint64_t Bit(int32_t node) { return uint64_t{1} << (node & 63); }
+    std::vector<uint64_t> words_;
   };
 
   Eligibility EligibilityOf(const JobSpec& spec) const;
@@ -94,8 +120,8 @@ class Allocator {
   std::vector<uint8_t> gpu_usable_;       // healthy and on a schedulable node
   std::vector<std::string> model_names_;  // model id -> name (at most 64 models)
 
-  std::vector<std::vector<int32_t>> buckets_;  // free whole GPUs -> schedulable nodes
-  std::vector<int32_t> bucket_pos_;            // node -> position in its bucket
+  // Schedulable nodes by their number of free whole GPUs.
+  std::vector<NodeSet> buckets_;
   int32_t max_gpus_per_node_ = 0;
   // Usable GPUs shared by fractional tasks with room left, as (free milli-GPUs, flat GPU): a
   // shared placement finds the tightest or roomiest one without scanning every node.

@@ -100,10 +100,14 @@ class Cycle {
  public:
   Cycle(const Cluster& cluster, std::span<const RunningJob> running, TimeMs now,
         const SchedulerConfig& config)
-      : cluster_(cluster), running_(running), now_(now), config_(config), allocator_(cluster) {
+      : running_(running), now_(now), config_(config), allocator_(cluster) {
     for (const RunningJob& job : running)
       allocator_.Commit(job.spec, job.allocation);
   }
+  // `capacity` already holds the running jobs; the cycle works on a copy.
+  Cycle(const Allocator& capacity, std::span<const RunningJob> running, TimeMs now,
+        const SchedulerConfig& config)
+      : running_(running), now_(now), config_(config), allocator_(capacity) {}
 
   Decisions Run(std::span<const PendingJob* const> pending, const CycleOptions& options) {
     std::vector<const PendingJob*> sorted;
@@ -120,7 +124,6 @@ class Cycle {
         sorted.push_back(entry.second);
       pending = sorted;
     }
-    if (config_.preempt || config_.order == QueueOrder::kLas) CollectVictims();
 
     if (options.explain_all_waiting) decisions_.waiting.reserve(pending.size());
     for (const PendingJob* job : pending) {
@@ -132,7 +135,11 @@ class Cycle {
   }
 
  private:
+  // Victims are gathered and sorted the first time a preemption is considered: most cycles never
+  // need them.
   void CollectVictims() {
+    if (victims_collected_ || !(config_.preempt || config_.order == QueueOrder::kLas)) return;
+    victims_collected_ = true;
     for (const RunningJob& job : running_) {
       if (!job.spec.preemptible) continue;
       victims_.push_back({RankOf(job.spec, job.attained_gpu_ms, -1, now_, config_), &job, false});
@@ -160,6 +167,19 @@ class Cycle {
     if (head_blocked_ && config_.backfill == Backfill::kNone) return true;
     if (allocator_.FreeGpuMilli() > 0 || options.cpu_only_pending != 0) return false;
     // No GPU is free: only a preemption could start a job, and only by a strictly better class.
+    if (!victims_collected_) {
+      // Before any preemption the worst class among running jobs decides; no need to sort them.
+      if (!worst_running_class_) {
+        worst_running_class_.emplace();
+        for (const RunningJob& job : running_) {
+          if (!job.spec.preemptible) continue;
+          const auto cls = RankOf(job.spec, job.attained_gpu_ms, -1, now_, config_).cls;
+          if (!*worst_running_class_ || **worst_running_class_ < cls) *worst_running_class_ = cls;
+        }
+      }
+      return !*worst_running_class_ || !(rank.cls < **worst_running_class_) ||
+             !(config_.preempt || config_.order == QueueOrder::kLas);
+    }
     while (first_untaken_ < victims_.size() && victims_[first_untaken_].taken)
       ++first_untaken_;
     return first_untaken_ == victims_.size() || !(rank.cls < victims_[first_untaken_].rank.cls);
@@ -197,6 +217,7 @@ class Cycle {
       Wait(spec, *infeasible);  // never blocks the jobs behind it
       return;
     }
+    CollectVictims();
     if (!victims_.empty() && TryPreempt(spec, rank)) return;
 
     if (failed == failed_shapes_.end())
@@ -222,8 +243,7 @@ class Cycle {
     const Shape shape{&spec};
     auto it = infeasible_shapes_.find(shape);
     if (it != infeasible_shapes_.end()) return it->second;
-    if (!empty_) empty_ = std::make_unique<Allocator>(cluster_);
-    return infeasible_shapes_.emplace(shape, empty_->WhyNeverFits(spec)).first->second;
+    return infeasible_shapes_.emplace(shape, allocator_.WhyNeverFits(spec)).first->second;
   }
 
   // Frees room by stopping running jobs of a strictly worse class, worst first, keeping back any
@@ -340,15 +360,16 @@ class Cycle {
     return reservation;
   }
 
-  const Cluster& cluster_;
   std::span<const RunningJob> running_;
   TimeMs now_;
   const SchedulerConfig& config_;
   Allocator allocator_;
-  std::unique_ptr<Allocator> empty_;  // the cluster with nothing running, for feasibility
 
   Decisions decisions_;
   std::vector<Victim> victims_;
+  bool victims_collected_ = false;
+  // The worst class of a preemptible running job (none if there is none), once computed.
+  std::optional<std::optional<std::pair<int64_t, int64_t>>> worst_running_class_;
   size_t first_untaken_ = 0;  // victims_ before this are all taken
   std::unordered_map<Shape, WaitReason, ShapeHash> failed_shapes_;
   std::unordered_map<Shape, std::optional<WaitReason>, ShapeHash> infeasible_shapes_;
@@ -364,6 +385,12 @@ Decisions Schedule(const Cluster& cluster, std::span<const RunningJob> running,
                    std::span<const PendingJob* const> pending, TimeMs now,
                    const SchedulerConfig& config, const CycleOptions& options) {
   return Cycle(cluster, running, now, config).Run(pending, options);
+}
+
+Decisions Schedule(const Allocator& capacity, std::span<const RunningJob> running,
+                   std::span<const PendingJob* const> pending, TimeMs now,
+                   const SchedulerConfig& config, const CycleOptions& options) {
+  return Cycle(capacity, running, now, config).Run(pending, options);
 }
 
 Decisions Schedule(const Cluster& cluster, std::span<const RunningJob> running,

@@ -2,6 +2,7 @@
 
 #include <span>
 
+#include "sched/allocator.h"
 #include "sched/policy.h"
 #include "sched/types.h"
 
@@ -28,6 +29,14 @@ struct CycleOptions {
 
 // The same cycle over pointers to pending jobs, with hints about them.
 Decisions Schedule(const Cluster& cluster, std::span<const RunningJob> running,
+                   std::span<const PendingJob* const> pending, TimeMs now,
+                   const SchedulerConfig& config, const CycleOptions& options);
+
+// The same cycle for a caller that keeps the cluster's capacity up to date itself (the simulator
+// commits and releases jobs as they start and stop): `capacity` must hold exactly the allocations
+// of `running`. It is copied, not changed, so a cycle costs O(cluster) instead of re-committing
+// every running job.
+Decisions Schedule(const Allocator& capacity, std::span<const RunningJob> running,
                    std::span<const PendingJob* const> pending, TimeMs now,
                    const SchedulerConfig& config, const CycleOptions& options);
 

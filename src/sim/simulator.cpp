@@ -39,7 +39,7 @@ class Replay {
  public:
   Replay(const Cluster& cluster, const Trace& trace, const sched::SchedulerConfig& config,
          const SimOptions& options)
-      : cluster_(cluster), trace_(trace), config_(config), options_(options) {}
+      : cluster_(cluster), trace_(trace), config_(config), options_(options), capacity_(cluster) {}
 
   SimResult Run() {
     const size_t n = trace_.jobs.size();
@@ -163,6 +163,8 @@ class Replay {
 
   void Finish(size_t index, TimeMs now) {
     JobState& state = jobs_[index];
+    const sched::RunningJob& running = running_[static_cast<size_t>(state.slot)];
+    capacity_.Release(running.spec, running.allocation);
     RemoveRunning(index);
     allocated_milli_ -= state.milli;
     state.milli = 0;
@@ -197,7 +199,7 @@ class Replay {
       hints.explain_all_waiting = false;
     }
     sched::Decisions decisions =
-        sched::Schedule(cluster_, std::span<const sched::RunningJob>(running_),
+        sched::Schedule(capacity_, std::span<const sched::RunningJob>(running_),
                         std::span<const sched::PendingJob* const>(queue_).subspan(queue_head_), now,
                         config_, hints);
     ++result_.scheduling_cycles;
@@ -216,6 +218,7 @@ class Replay {
     JobState& state = jobs_[id];
     sched::RunningJob& running = running_[state.slot];
     const TimeMs ran = now - running.start_time;
+    capacity_.Release(running.spec, running.allocation);
     sched::PendingJob& pending = pending_jobs_[id];
     pending.spec = std::move(running.spec);
     pending.attained_gpu_ms = state.earlier_gpu_ms + ServiceGpuMs(state.milli, ran);
@@ -245,6 +248,8 @@ class Replay {
     running.allocation = std::move(placement.allocation);
     running.start_time = now;
     running.attained_gpu_ms = state.earlier_gpu_ms;
+    // Commit checks the placement against what runs: a scheduler bug would throw here.
+    capacity_.Commit(running.spec, running.allocation);
     state.milli = AllocatedMilli(running.allocation);
     allocated_milli_ += state.milli;
     state.where = Where::kRunning;
@@ -393,6 +398,9 @@ class Replay {
   const Trace& trace_;
   const sched::SchedulerConfig& config_;
   const SimOptions& options_;
+  // Free capacity with every running job committed, kept in step as jobs start and stop, so a
+  // cycle copies it instead of re-committing all running jobs.
+  sched::Allocator capacity_;
 
   std::vector<JobState> jobs_;  // by trace position, which is also the scheduler's job id
   // A pending job lives at pending_jobs_[id] (its spec moves to running_ while it runs). queue_

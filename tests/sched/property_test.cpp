@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <iostream>
 #include <map>
+#include <numeric>
 #include <random>
 #include <set>
 #include <sstream>
@@ -561,6 +562,35 @@ TEST(ScheduleProperty, HintedCycleDecidesTheSameAsAFullOne) {
     if (hinted.placements.size() + hinted.waiting.size() < c.pending.size()) ++stopped_early;
   }
   EXPECT_GT(stopped_early, 30);  // the early stop must actually be exercised
+}
+
+// A caller that keeps one Allocator across cycles (the simulator) must get exactly the decisions
+// of a caller that builds it from the snapshot (the server), whatever order jobs came and went in.
+TEST(ScheduleProperty, KeptCapacityDecidesLikeAFreshSnapshot) {
+  for (uint64_t seed = 500'001; seed < 500'001 + 300; ++seed) {
+    Case c = RandomCase(seed, 12, 30);
+    std::vector<const PendingJob*> pending;
+    for (const PendingJob& job : c.pending)
+      pending.push_back(&job);
+    const Decisions fresh =
+        Schedule(c.cluster, c.running, pending, c.now, c.config, CycleOptions{});
+
+    Allocator capacity(c.cluster);
+    std::vector<size_t> order(c.running.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::shuffle(order.begin(), order.end(), std::mt19937_64(seed));
+    for (size_t i : order)
+      capacity.Commit(c.running[i].spec, c.running[i].allocation);
+    // Churn: release half and commit them back in another order.
+    const size_t half = order.size() / 2;
+    for (size_t k = 0; k < half; ++k)
+      capacity.Release(c.running[order[k]].spec, c.running[order[k]].allocation);
+    for (size_t k = half; k-- > 0;)
+      capacity.Commit(c.running[order[k]].spec, c.running[order[k]].allocation);
+
+    const Decisions kept = Schedule(capacity, c.running, pending, c.now, c.config, CycleOptions{});
+    ASSERT_EQ(Describe(fresh), Describe(kept)) << "seed " << seed;
+  }
 }
 
 TEST(AllocatorProperty, PlaceSucceedsExactlyWhenTheJobFits) {
