@@ -13,7 +13,8 @@ else
 BUILD_DIR ?= build
 endif
 
-CMAKE_FLAGS += -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DGPUFLEET_WERROR=$(if $(CI),ON,OFF)
+# CI turns warnings into errors; a local build keeps whatever its build dir was configured with.
+CMAKE_FLAGS += -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(if $(CI),-DGPUFLEET_WERROR=ON,)
 GPUFLEET := $(BUILD_DIR)/gpufleet
 
 .PHONY: all deps configure build test run bench format format-check clean
