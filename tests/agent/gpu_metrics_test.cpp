@@ -14,30 +14,13 @@
 #include <gtest/gtest.h>
 
 #include "agent/sim_gpu_backend.h"
+#include "sim_gpu_test_util.h"
 
 namespace gpufleet::agent {
 namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-constexpr TimeMs kSecond = 1000;
-
-SimGpuLoad Load(double utilization, MiB memory_used_mib = 0,
-                std::vector<int32_t> process_ids = {}) {
-  SimGpuLoad load;
-  load.utilization = utilization;
-  load.memory_used_mib = memory_used_mib;
-  load.process_ids = std::move(process_ids);
-  return load;
-}
-
-SimOptions Options(std::string uuid_namespace, uint64_t seed = 1) {
-  SimOptions options;
-  options.uuid_namespace = std::move(uuid_namespace);
-  options.seed = seed;
-  return options;
-}
 
 GpuMetricsEntry BusyH100() {
   GpuMetricsEntry gpu;
