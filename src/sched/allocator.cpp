@@ -101,31 +101,28 @@ void Allocator::UpdateSharedIndex(int32_t flat_gpu, MilliGpu before, MilliGpu af
   if (is_shared) shared_gpus_.insert({after, flat_gpu});
 }
 
-// Keeps free_whole, the shared-GPU index and the totals in step with one GPU's free share.
 void Allocator::TakeGpuMilli(int32_t flat_gpu, MilliGpu milli) {
-  const size_t g = static_cast<size_t>(flat_gpu);
-  const MilliGpu before = gpu_free_[g];
-  const MilliGpu after = before - milli;
-  gpu_free_[g] = after;
-  if (!gpu_usable_[g]) return;
-  free_gpu_milli_total_ -= milli;
-  const int32_t node = gpu_node_[g];
-  NodeState& state = nodes_[static_cast<size_t>(node)];
-  UpdateSharedIndex(flat_gpu, before, after);
-  if (before == kMilliPerGpu && after < kMilliPerGpu) SetFreeWhole(node, state.free_whole - 1);
+  ChangeGpuFree(flat_gpu, -milli);
 }
 
 void Allocator::ReturnGpuMilli(int32_t flat_gpu, MilliGpu milli) {
+  ChangeGpuFree(flat_gpu, milli);
+}
+
+// Keeps free_whole, the shared-GPU index and the totals in step with one GPU's free share.
+void Allocator::ChangeGpuFree(int32_t flat_gpu, MilliGpu delta) {
   const size_t g = static_cast<size_t>(flat_gpu);
   const MilliGpu before = gpu_free_[g];
-  const MilliGpu after = before + milli;
+  const MilliGpu after = before + delta;
   gpu_free_[g] = after;
   if (!gpu_usable_[g]) return;
-  free_gpu_milli_total_ += milli;
+  free_gpu_milli_total_ += delta;
   const int32_t node = gpu_node_[g];
-  NodeState& state = nodes_[static_cast<size_t>(node)];
   UpdateSharedIndex(flat_gpu, before, after);
-  if (after == kMilliPerGpu) SetFreeWhole(node, state.free_whole + 1);
+  const int32_t whole_delta =
+      static_cast<int32_t>(after == kMilliPerGpu) - static_cast<int32_t>(before == kMilliPerGpu);
+  if (whole_delta != 0)
+    SetFreeWhole(node, nodes_[static_cast<size_t>(node)].free_whole + whole_delta);
 }
 
 void Allocator::Commit(const JobSpec& spec, const Allocation& allocation) {

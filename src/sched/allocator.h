@@ -104,6 +104,7 @@ class Allocator {
 
   void TakeGpuMilli(int32_t flat_gpu, MilliGpu milli);
   void ReturnGpuMilli(int32_t flat_gpu, MilliGpu milli);
+  void ChangeGpuFree(int32_t flat_gpu, MilliGpu delta);
   void UpdateSharedIndex(int32_t flat_gpu, MilliGpu before, MilliGpu after);
   void SetFreeWhole(int32_t node, int32_t free_whole);
   void BucketInsert(int32_t node);
