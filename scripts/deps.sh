@@ -7,6 +7,7 @@ packages=(
   g++ cmake ninja-build ccache make pkg-config git
   libfmt-dev libspdlog-dev nlohmann-json3-dev libyaml-cpp-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev libboost-dev
+  libsqlite3-dev libssl-dev
   clang-format python3
   prometheus  # the agent's integration test scrapes it with a real Prometheus server
 )
