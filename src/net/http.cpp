@@ -79,7 +79,11 @@ HttpResponse HttpResponse::Error(int status, std::string_view message) {
 }
 
 void Router::Add(std::string method, std::string_view pattern, HttpHandler handler) {
-  routes_.push_back({std::move(method), SplitPath(pattern), std::move(handler)});
+  routes_.push_back({std::move(method), SplitPath(pattern), std::move(handler), {}});
+}
+
+void Router::AddAsync(std::string method, std::string_view pattern, HttpAsyncHandler handler) {
+  routes_.push_back({std::move(method), SplitPath(pattern), {}, std::move(handler)});
 }
 
 bool Router::Match(const Route& route, const std::vector<std::string>& segments,
@@ -99,7 +103,8 @@ bool Router::Match(const Route& route, const std::vector<std::string>& segments,
   return true;
 }
 
-HttpResponse Router::Handle(HttpRequest request) const {
+const Router::Route* Router::Find(HttpRequest& request,
+                                  std::optional<HttpResponse>& refusal) const {
   // Split the path as sent, then decode each segment: an escaped '/' ("a%2Fb") stays inside its
   // segment instead of adding one.
   std::vector<std::string> segments;
@@ -110,7 +115,10 @@ HttpResponse Router::Handle(HttpRequest request) const {
          SplitPath(std::string_view(request.target)
                        .substr(0, std::min(request.target.find('?'), request.target.size())))) {
       auto decoded = PercentDecode(segment, false);
-      if (!decoded) return HttpResponse::Error(400, "malformed percent-encoding in the path");
+      if (!decoded) {
+        refusal = HttpResponse::Error(400, "malformed percent-encoding in the path");
+        return nullptr;
+      }
       segments.push_back(std::move(*decoded));
     }
   }
@@ -123,17 +131,35 @@ HttpResponse Router::Handle(HttpRequest request) const {
       continue;
     }
     request.path_params = std::move(params);
-    return route.handler(request);
+    return &route;
   }
-  if (allowed.empty())
-    return HttpResponse::Error(
+  if (allowed.empty()) {
+    refusal = HttpResponse::Error(
         404, fmt::format("no such resource: {} {}", request.method, request.path));
+    return nullptr;
+  }
   std::string allow = fmt::format("{}", fmt::join(allowed, ", "));
-  HttpResponse response =
-      HttpResponse::Error(405, fmt::format("method {} is not allowed on {} (allowed: {})",
-                                           request.method, request.path, allow));
-  response.headers.emplace_back("Allow", allow);
-  return response;
+  refusal = HttpResponse::Error(405, fmt::format("method {} is not allowed on {} (allowed: {})",
+                                                 request.method, request.path, allow));
+  refusal->headers.emplace_back("Allow", allow);
+  return nullptr;
+}
+
+void Router::Dispatch(HttpRequest request, HttpResponder respond) const {
+  std::optional<HttpResponse> refusal;
+  const Route* route = Find(request, refusal);
+  if (!route) return respond(std::move(*refusal));
+  if (route->async_handler) return route->async_handler(std::move(request), std::move(respond));
+  respond(route->handler(request));
+}
+
+HttpResponse Router::Handle(HttpRequest request) const {
+  std::optional<HttpResponse> refusal;
+  const Route* route = Find(request, refusal);
+  if (!route) return std::move(*refusal);
+  if (!route->handler)
+    return HttpResponse::Error(500, "internal error: an asynchronous route called synchronously");
+  return route->handler(request);
 }
 
 std::optional<std::string> PercentDecode(std::string_view text, bool plus_is_space) {

@@ -45,6 +45,10 @@ struct HttpResponse {
 };
 
 using HttpHandler = std::function<HttpResponse(const HttpRequest&)>;
+// Answers a request later, from any thread: a long poll holds it until there is news. Call it
+// once; a responder dropped without a call answers 500, so a client is never left hanging.
+using HttpResponder = std::function<void(HttpResponse)>;
+using HttpAsyncHandler = std::function<void(HttpRequest, HttpResponder)>;
 
 // Routes by method and path pattern. Patterns are literal segments and `{name}` parameters that
 // match one non-empty segment: "/v1/workloads/{id}/cancel". An unknown path answers 404; a known
@@ -52,14 +56,20 @@ using HttpHandler = std::function<HttpResponse(const HttpRequest&)>;
 class Router {
  public:
   void Add(std::string method, std::string_view pattern, HttpHandler handler);
+  void AddAsync(std::string method, std::string_view pattern, HttpAsyncHandler handler);
+  // Routes with an async handler answer through `respond`, the others before this returns.
+  void Dispatch(HttpRequest request, HttpResponder respond) const;
+  // For routers without async routes (an async route answers 500 here).
   HttpResponse Handle(HttpRequest request) const;
 
  private:
   struct Route {
     std::string method;
     std::vector<std::string> segments;  // "{id}" for a parameter
-    HttpHandler handler;
+    HttpHandler handler;                // exactly one of these two is set
+    HttpAsyncHandler async_handler;
   };
+  const Route* Find(HttpRequest& request, std::optional<HttpResponse>& refusal) const;
   static bool Match(const Route& route, const std::vector<std::string>& segments,
                     std::map<std::string, std::string>& params);
 

@@ -76,6 +76,16 @@ std::optional<HttpUrl> ParseHttpUrl(std::string_view url, std::string& error) {
 
 HttpResult HttpCall(std::string_view method, std::string_view url, std::string_view body,
                     std::chrono::milliseconds timeout, std::string_view content_type) {
+  HttpCallOptions options;
+  options.body = std::string(body);
+  options.timeout = timeout;
+  options.content_type = std::string(content_type);
+  return HttpCall(method, url, options);
+}
+
+HttpResult HttpCall(std::string_view method, std::string_view url, const HttpCallOptions& options) {
+  const std::string& body = options.body;
+  const std::chrono::milliseconds timeout = options.timeout;
   HttpResult result;
   std::string error;
   const std::optional<HttpUrl> parsed = ParseHttpUrl(url, error);
@@ -98,9 +108,11 @@ HttpResult HttpCall(std::string_view method, std::string_view url, std::string_v
   request.set(http::field::host, fmt::format("{}:{}", parsed->host, parsed->port));
   request.set(http::field::user_agent, "gpufleet");
   if (!body.empty() || verb == http::verb::post || verb == http::verb::put) {
-    request.set(http::field::content_type, content_type);
+    request.set(http::field::content_type, options.content_type);
     request.body() = std::string(body);
   }
+  for (const auto& [name, value] : options.headers)
+    request.set(name, value);
   request.keep_alive(false);
   request.prepare_payload();
   http::response_parser<http::string_body> parser;

@@ -38,6 +38,14 @@ std::optional<HttpUrl> ParseHttpUrl(std::string_view url, std::string& error);
 
 inline constexpr std::chrono::milliseconds kDefaultHttpTimeout{std::chrono::seconds(10)};
 
+struct HttpCallOptions {
+  std::string body;
+  std::chrono::milliseconds timeout = kDefaultHttpTimeout;
+  std::string content_type = "application/json";
+  HttpHeaders headers;  // extra request headers: Authorization, ...
+};
+
+HttpResult HttpCall(std::string_view method, std::string_view url, const HttpCallOptions& options);
 HttpResult HttpCall(std::string_view method, std::string_view url, std::string_view body = {},
                     std::chrono::milliseconds timeout = kDefaultHttpTimeout,
                     std::string_view content_type = "application/json");

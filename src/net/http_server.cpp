@@ -43,7 +43,7 @@ class Session;
 }  // namespace
 
 struct HttpServer::Impl {
-  Impl(const HttpServerOptions& server_options, HttpHandler request_handler)
+  Impl(const HttpServerOptions& server_options, HttpAsyncHandler request_handler)
       : options(server_options),
         handler(std::move(request_handler)),
         ioc(std::max(1, server_options.io_threads)),
@@ -55,7 +55,7 @@ struct HttpServer::Impl {
   void Forget(uint64_t id);
 
   const HttpServerOptions options;
-  const HttpHandler handler;
+  const HttpAsyncHandler handler;
   std::atomic<bool> stopping{false};
 
   std::mutex mutex;
@@ -163,20 +163,52 @@ class Session : public std::enable_shared_from_this<Session> {
     for (const auto& field : raw)
       request.headers.emplace_back(std::string(field.name_string()), std::string(field.value()));
     request.body = std::move(raw.body());
-    HttpResponse response;
+    const bool keep_alive = raw.keep_alive();
+    const unsigned version = raw.version();
     if (!SplitTarget(request.target, request.path, request.query)) {
-      response = HttpResponse::Error(400, "malformed percent-encoding in the request target");
-    } else {
-      try {
-        response = server_.handler(request);
-      } catch (const std::exception& error) {
-        response = HttpResponse::Error(500, std::string("internal error: ") + error.what());
-      } catch (...) {
-        response = HttpResponse::Error(500, "internal error");
-      }
+      return Send(HttpResponse::Error(400, "malformed percent-encoding in the request target"),
+                  keep_alive && !server_.stopping, version, false);
     }
-    Send(std::move(response), raw.keep_alive() && !server_.stopping, raw.version(), false);
+    // The answer may come from another thread, later: it is posted back onto this session's
+    // strand. A responder dropped unanswered (or a handler that throws) answers 500.
+    auto answer = std::make_shared<PendingAnswer>(shared_from_this(), keep_alive, version);
+    HttpResponder respond = [answer](HttpResponse response) { answer->Give(std::move(response)); };
+    try {
+      server_.handler(std::move(request), std::move(respond));
+    } catch (const std::exception& error) {
+      answer->Give(HttpResponse::Error(500, std::string("internal error: ") + error.what()));
+    } catch (...) {
+      answer->Give(HttpResponse::Error(500, "internal error"));
+    }
   }
+
+  // Holds the session until its answer is given (once; later calls are ignored).
+  class PendingAnswer {
+   public:
+    PendingAnswer(std::shared_ptr<Session> session, bool keep_alive, unsigned version)
+        : session_(std::move(session)), keep_alive_(keep_alive), version_(version) {}
+    ~PendingAnswer() {
+      if (!given_.exchange(true))
+        Post(HttpResponse::Error(500, "internal error: the request was dropped unanswered"));
+    }
+    void Give(HttpResponse response) {
+      if (!given_.exchange(true)) Post(std::move(response));
+    }
+
+   private:
+    void Post(HttpResponse response) {
+      asio::post(session_->stream_.get_executor(),
+                 [session = session_, keep_alive = keep_alive_, version = version_,
+                  response = std::move(response)]() mutable {
+                   session->Send(std::move(response), keep_alive && !session->server_.stopping,
+                                 version, false);
+                 });
+    }
+    std::shared_ptr<Session> session_;
+    const bool keep_alive_;
+    const unsigned version_;
+    std::atomic<bool> given_{false};
+  };
 
   void Send(HttpResponse response, bool keep_alive, unsigned version, bool linger) {
     response_ = {};
@@ -278,6 +310,14 @@ void HttpServer::Impl::Forget(uint64_t id) {
 }
 
 HttpServer::StartResult HttpServer::Start(const HttpServerOptions& options, HttpHandler handler) {
+  if (!handler) return Start(options, HttpAsyncHandler{});
+  return Start(options, [handler = std::move(handler)](HttpRequest request, HttpResponder respond) {
+    respond(handler(request));
+  });
+}
+
+HttpServer::StartResult HttpServer::Start(const HttpServerOptions& options,
+                                          HttpAsyncHandler handler) {
   StartResult result;
   if (!handler) {
     result.error = "no request handler";

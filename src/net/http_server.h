@@ -2,7 +2,8 @@
 
 // A small HTTP/1.1 server (Boost.Beast underneath, kept out of this header): keep-alive, a request
 // body limit, "Expect: 100-continue", and a graceful stop. Handlers run on the server's io threads
-// and return a whole response; they must not block for long (use more io_threads when some do).
+// and must not block for long: a handler that waits for news (a long poll) is an async handler
+// that keeps the responder and answers later from any thread.
 
 #include <chrono>
 #include <cstddef>
@@ -34,6 +35,7 @@ class HttpServer {
   };
   // Binds, listens and starts the io threads.
   static StartResult Start(const HttpServerOptions& options, HttpHandler handler);
+  static StartResult Start(const HttpServerOptions& options, HttpAsyncHandler handler);
 
   ~HttpServer();  // Stop()
   HttpServer(const HttpServer&) = delete;

@@ -327,6 +327,71 @@ TEST(HttpServer, StopLetsARequestInProgressFinishAndClosesIdleConnections) {
   EXPECT_NE(refused.error.find("connect"), std::string::npos) << refused.error;
 }
 
+// A long poll: the handler keeps the responder and another thread answers later, while the
+// same single io thread goes on serving other requests.
+TEST(HttpServer, AsyncRouteAnswersLaterFromAnotherThread) {
+  std::mutex mutex;
+  std::condition_variable parked_cv;
+  std::vector<HttpResponder> parked;
+  Router router;
+  router.AddAsync("GET", "/wait", [&](HttpRequest request, HttpResponder respond) {
+    std::lock_guard lock(mutex);
+    parked.push_back([respond = std::move(respond),
+                      name = request.Query("name").value_or("")](HttpResponse response) mutable {
+      response.body += " " + name;
+      respond(std::move(response));
+    });
+    parked_cv.notify_all();
+  });
+  router.AddAsync("GET", "/drop", [](HttpRequest, HttpResponder) {});
+  router.Add("GET", "/now", [](const HttpRequest&) { return HttpResponse::Text(200, "now"); });
+  auto started = HttpServer::Start({}, [&router](HttpRequest request, HttpResponder respond) {
+    router.Dispatch(std::move(request), std::move(respond));
+  });
+  ASSERT_TRUE(started.server) << started.error;
+  HttpServer& server = *started.server;
+
+  auto waiting =
+      std::async(std::launch::async, [&] { return HttpGet(Url(server, "/wait?name=later"), 5s); });
+  {
+    std::unique_lock lock(mutex);
+    ASSERT_TRUE(parked_cv.wait_for(lock, 5s, [&] { return !parked.empty(); }));
+  }
+  // The io thread is free while the long poll is parked.
+  HttpResult now = HttpGet(Url(server, "/now"), 5s);
+  ASSERT_TRUE(now.ok()) << now.error;
+  EXPECT_EQ(now.response->body, "now");
+  EXPECT_EQ(waiting.wait_for(0s), std::future_status::timeout);
+
+  std::thread([&] {
+    std::lock_guard lock(mutex);
+    parked.front()(HttpResponse::Text(202, "answered"));
+    parked.front()(HttpResponse::Text(200, "a second answer is ignored"));
+  }).join();
+  HttpResult answered = waiting.get();
+  ASSERT_TRUE(answered.ok()) << answered.error;
+  EXPECT_EQ(answered.response->status, 202);
+  EXPECT_EQ(answered.response->body, "answered later");
+
+  HttpResult dropped = HttpGet(Url(server, "/drop"), 5s);
+  ASSERT_TRUE(dropped.ok()) << dropped.error;
+  EXPECT_EQ(dropped.response->status, 500);
+  EXPECT_NE(dropped.response->body.find("dropped unanswered"), std::string::npos);
+  parked.clear();
+  server.Stop();
+}
+
+TEST(HttpClient, SendsExtraHeaders) {
+  auto server = StartServer([](const HttpRequest& request) {
+    return HttpResponse::Text(200, request.Header("authorization"));
+  });
+  HttpCallOptions options;
+  options.headers.emplace_back("Authorization", "Bearer abc");
+  HttpResult result = HttpCall("GET", Url(*server, "/"), options);
+  ASSERT_TRUE(result.ok()) << result.error;
+  EXPECT_EQ(result.response->body, "Bearer abc");
+}
+
 TEST(HttpClient, TimesOutAgainstAListenerThatNeverAnswers) {
   // Listens (the kernel completes the handshake) but never accepts or reads.
   int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
