@@ -1,0 +1,594 @@
+#include "api/json.h"
+
+#include <cmath>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "core/job.h"
+#include "core/quantity.h"
+
+namespace gpufleet::api {
+namespace {
+
+using nlohmann::json;
+
+// Thrown inside the strict parser; its message names the field.
+struct FieldError {
+  std::string message;
+};
+
+[[noreturn]] void Fail(std::string message) {
+  throw FieldError{std::move(message)};
+}
+
+std::string TypeName(const json& value) {
+  return value.type_name();
+}
+
+std::string String(const json& value, std::string_view field) {
+  if (!value.is_string())
+    Fail(fmt::format("'{}' must be a string, not {}", field, TypeName(value)));
+  return value.get<std::string>();
+}
+
+bool Bool(const json& value, std::string_view field) {
+  if (!value.is_boolean())
+    Fail(fmt::format("'{}' must be true or false, not {}", field, TypeName(value)));
+  return value.get<bool>();
+}
+
+int64_t Integer(const json& value, std::string_view field, int64_t min, int64_t max) {
+  if (!value.is_number_integer())
+    Fail(fmt::format("'{}' must be an integer, not {}", field,
+                     value.is_number() ? value.dump() : TypeName(value)));
+  const int64_t number = value.get<int64_t>();
+  if (number < min || number > max)
+    Fail(fmt::format("'{}' must be between {} and {}, not {}", field, min, max, number));
+  return number;
+}
+
+// A number, or a string the parser reads ("16Gi", "500m", "2h"); `scale` turns a bare JSON
+// number into the parser's unit.
+template <typename T, typename Parser>
+T Quantity(const json& value, std::string_view field, Parser parse, std::string_view example) {
+  std::optional<T> parsed;
+  if (value.is_number()) {
+    const double number = value.get<double>();
+    if (std::isfinite(number) && number >= 0) parsed = parse(fmt::format("{}", number));
+  } else if (value.is_string()) {
+    parsed = parse(value.get<std::string>());
+  }
+  if (!parsed)
+    Fail(fmt::format("'{}' must be a non-negative quantity such as {}, not {}", field, example,
+                     value.dump()));
+  return *parsed;
+}
+
+std::vector<std::string> StringList(const json& value, std::string_view field, bool allow_single) {
+  std::vector<std::string> list;
+  if (allow_single && value.is_string()) {
+    list.push_back(value.get<std::string>());
+    return list;
+  }
+  if (!value.is_array())
+    Fail(fmt::format("'{}' must be a list of strings, not {}", field, TypeName(value)));
+  for (size_t i = 0; i < value.size(); ++i) {
+    if (!value[i].is_string())
+      Fail(fmt::format("'{}[{}]' must be a string, not {}", field, i, TypeName(value[i])));
+    list.push_back(value[i].get<std::string>());
+  }
+  return list;
+}
+
+bool ValidName(std::string_view text, size_t max_size) {
+  if (text.empty() || text.size() > max_size) return false;
+  for (char c : text)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.'))
+      return false;
+  return true;
+}
+
+bool ValidEnvName(std::string_view name) {
+  if (name.empty() || std::isdigit(static_cast<unsigned char>(name.front()))) return false;
+  for (char c : name)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) return false;
+  return true;
+}
+
+const std::set<std::string, std::less<>> kSubmissionFields = {
+    "name",        "queue",       "priority",         "tasks",         "gpus",    "cpu",
+    "memory",      "gpu_model",   "command",          "env",           "workdir", "restartable",
+    "preemptible", "max_runtime", "runtime_estimate", "min_gpu_memory"};
+
+JobSubmission ParseSubmissionOrThrow(const json& body) {
+  if (!body.is_object()) Fail(fmt::format("a job must be a JSON object, not {}", TypeName(body)));
+  for (const auto& [key, value] : body.items()) {
+    if (!kSubmissionFields.count(key))
+      Fail(fmt::format("unknown field '{}' (known: {})", key, fmt::join(kSubmissionFields, ", ")));
+  }
+  JobSubmission job;
+  if (auto it = body.find("name"); it != body.end()) job.name = String(*it, "name");
+  if (auto it = body.find("queue"); it != body.end()) job.queue = String(*it, "queue");
+  if (auto it = body.find("priority"); it != body.end())
+    job.priority = static_cast<int32_t>(Integer(*it, "priority", -1'000'000, 1'000'000));
+  if (auto it = body.find("tasks"); it != body.end())
+    job.tasks = static_cast<int32_t>(Integer(*it, "tasks", 1, 100'000));
+  if (auto it = body.find("gpus"); it != body.end())
+    job.gpu_milli_per_task = Quantity<MilliGpu>(*it, "gpus", ParseGpuMilli, "1, 8 or 0.5");
+  if (auto it = body.find("cpu"); it != body.end())
+    job.cpu_milli_per_task = Quantity<MilliCpu>(*it, "cpu", ParseCpuMilli, "4 or \"500m\"");
+  if (auto it = body.find("memory"); it != body.end())
+    job.memory_mib_per_task = Quantity<MiB>(*it, "memory", ParseMemoryMib, "\"16Gi\" or 1024");
+  if (auto it = body.find("min_gpu_memory"); it != body.end())
+    job.min_gpu_memory_mib = Quantity<MiB>(*it, "min_gpu_memory", ParseMemoryMib, "\"40Gi\"");
+  if (auto it = body.find("gpu_model"); it != body.end())
+    job.gpu_models = StringList(*it, "gpu_model", true);
+  if (auto it = body.find("command"); it != body.end())
+    job.command = StringList(*it, "command", false);
+  if (auto it = body.find("env"); it != body.end()) {
+    if (!it->is_object()) Fail(fmt::format("'env' must be an object, not {}", TypeName(*it)));
+    for (const auto& [key, value] : it->items()) {
+      if (!ValidEnvName(key))
+        Fail(fmt::format("'env' has an invalid variable name '{}' (letters, digits and _)", key));
+      job.env[key] = String(value, "env." + key);
+    }
+  }
+  if (auto it = body.find("workdir"); it != body.end()) job.workdir = String(*it, "workdir");
+  if (auto it = body.find("restartable"); it != body.end())
+    job.restartable = Bool(*it, "restartable");
+  if (auto it = body.find("preemptible"); it != body.end())
+    job.preemptible = Bool(*it, "preemptible");
+  if (auto it = body.find("max_runtime"); it != body.end())
+    job.max_runtime_ms = Quantity<TimeMs>(*it, "max_runtime", ParseDurationMs, "\"2h\"");
+  if (auto it = body.find("runtime_estimate"); it != body.end())
+    job.runtime_estimate_ms = Quantity<TimeMs>(*it, "runtime_estimate", ParseDurationMs, "\"30m\"");
+
+  if (job.command.empty() || job.command.front().empty())
+    Fail("'command' is required: the program and its arguments, e.g. [\"python3\", \"train.py\"]");
+  if (!job.name.empty() && !ValidName(job.name, 128))
+    Fail(fmt::format("'name' must be 1-128 letters, digits, '-', '_' or '.', not '{}'", job.name));
+  if (!ValidName(job.queue, 63))
+    Fail(fmt::format("'queue' must be 1-63 letters, digits, '-', '_' or '.', not '{}'", job.queue));
+  if (!job.workdir.empty() && job.workdir.front() != '/')
+    Fail(fmt::format("'workdir' must be an absolute path, not '{}'", job.workdir));
+  for (const std::string& model : job.gpu_models)
+    if (model.empty()) Fail("'gpu_model' must not be empty");
+  if (job.gpu_milli_per_task > kMilliPerGpu && job.gpu_milli_per_task % kMilliPerGpu != 0)
+    Fail(fmt::format("'gpus' must be a whole number above 1 (a task takes whole GPUs, or a share "
+                     "of one), not {}",
+                     FormatGpus(job.gpu_milli_per_task)));
+  JobSpec spec;
+  spec.tasks = job.tasks;
+  spec.gpu_milli_per_task = job.gpu_milli_per_task;
+  spec.cpu_milli_per_task = job.cpu_milli_per_task;
+  spec.memory_mib_per_task = job.memory_mib_per_task;
+  if (auto problem = ValidateJobSpec(spec)) Fail(*problem);
+  return job;
+}
+
+template <typename T>
+void Optional(json& out, const char* key, const std::optional<T>& value) {
+  if (value) out[key] = *value;
+}
+
+template <typename T>
+void ReadOptional(const json& in, const char* key, std::optional<T>& value) {
+  if (auto it = in.find(key); it != in.end() && !it->is_null()) value = it->get<T>();
+}
+
+template <typename T>
+void Read(const json& in, const char* key, T& value) {
+  if (auto it = in.find(key); it != in.end() && !it->is_null()) it->get_to(value);
+}
+
+}  // namespace
+
+std::string_view JobStateName(JobState state) {
+  switch (state) {
+    case JobState::kPending:
+      return "pending";
+    case JobState::kScheduled:
+      return "scheduled";
+    case JobState::kStarting:
+      return "starting";
+    case JobState::kRunning:
+      return "running";
+    case JobState::kSucceeded:
+      return "succeeded";
+    case JobState::kFailed:
+      return "failed";
+    case JobState::kCancelled:
+      return "cancelled";
+  }
+  return "unknown";
+}
+
+std::optional<JobState> ParseJobState(std::string_view name) {
+  for (JobState state :
+       {JobState::kPending, JobState::kScheduled, JobState::kStarting, JobState::kRunning,
+        JobState::kSucceeded, JobState::kFailed, JobState::kCancelled})
+    if (JobStateName(state) == name) return state;
+  return std::nullopt;
+}
+
+bool IsTerminal(JobState state) {
+  return state == JobState::kSucceeded || state == JobState::kFailed ||
+         state == JobState::kCancelled;
+}
+
+std::string_view NodeStateName(NodeState state) {
+  switch (state) {
+    case NodeState::kReady:
+      return "ready";
+    case NodeState::kDraining:
+      return "draining";
+    case NodeState::kLost:
+      return "lost";
+  }
+  return "unknown";
+}
+
+std::string_view RoleName(Role role) {
+  switch (role) {
+    case Role::kAdmin:
+      return "admin";
+    case Role::kUser:
+      return "user";
+    case Role::kAgent:
+      return "agent";
+  }
+  return "unknown";
+}
+
+std::optional<Role> ParseRole(std::string_view name) {
+  for (Role role : {Role::kAdmin, Role::kUser, Role::kAgent})
+    if (RoleName(role) == name) return role;
+  return std::nullopt;
+}
+
+std::string FormatGpus(MilliGpu milli) {
+  if (milli % kMilliPerGpu == 0) return fmt::format("{}", milli / kMilliPerGpu);
+  std::string text = fmt::format("{:.3f}", static_cast<double>(milli) / kMilliPerGpu);
+  while (text.back() == '0')
+    text.pop_back();
+  return text;
+}
+
+std::optional<JobSubmission> ParseJobSubmission(const json& body, std::string& error) {
+  try {
+    return ParseSubmissionOrThrow(body);
+  } catch (const FieldError& field_error) {
+    error = field_error.message;
+  }
+  return std::nullopt;
+}
+
+std::optional<JobSubmission> ParseJobSubmissionText(std::string_view text, std::string& error) {
+  json body;
+  try {
+    body = json::parse(text);
+  } catch (const json::parse_error& parse_error) {
+    error = fmt::format("malformed JSON: {}", parse_error.what());
+    return std::nullopt;
+  }
+  return ParseJobSubmission(body, error);
+}
+
+// ---- JobSubmission: the user's own shape -----------------------------------------------------
+
+void to_json(json& out, const JobSubmission& value) {
+  out = json{{"name", value.name},
+             {"queue", value.queue},
+             {"priority", value.priority},
+             {"tasks", value.tasks},
+             {"gpus", value.gpu_milli_per_task % kMilliPerGpu == 0
+                          ? json(value.gpu_milli_per_task / kMilliPerGpu)
+                          : json(static_cast<double>(value.gpu_milli_per_task) / kMilliPerGpu)},
+             {"cpu", fmt::format("{}m", value.cpu_milli_per_task)},
+             {"memory", fmt::format("{}Mi", value.memory_mib_per_task)},
+             {"gpu_model", value.gpu_models},
+             {"command", value.command},
+             {"env", value.env},
+             {"workdir", value.workdir},
+             {"restartable", value.restartable},
+             {"preemptible", value.preemptible},
+             {"max_runtime", fmt::format("{}ms", value.max_runtime_ms)}};
+  if (value.min_gpu_memory_mib > 0)
+    out["min_gpu_memory"] = fmt::format("{}Mi", value.min_gpu_memory_mib);
+  if (value.runtime_estimate_ms)
+    out["runtime_estimate"] = fmt::format("{}ms", *value.runtime_estimate_ms);
+}
+
+void from_json(const json& in, JobSubmission& value) {
+  std::string error;
+  auto parsed = ParseJobSubmission(in, error);
+  if (!parsed) throw std::invalid_argument(error);
+  value = std::move(*parsed);
+}
+
+// ---- The rest: plain field-for-field objects -------------------------------------------------
+
+void to_json(json& out, const JobEvent& value) {
+  out = json{
+      {"time_ms", value.time_ms}, {"from", value.from}, {"to", value.to}, {"reason", value.reason}};
+}
+void from_json(const json& in, JobEvent& value) {
+  Read(in, "time_ms", value.time_ms);
+  Read(in, "from", value.from);
+  Read(in, "to", value.to);
+  Read(in, "reason", value.reason);
+}
+
+void to_json(json& out, const TaskStatus& value) {
+  out = json{{"rank", value.rank},
+             {"node", value.node},
+             {"gpu_indices", value.gpu_indices},
+             {"gpu_uuids", value.gpu_uuids},
+             {"gpu_milli", value.gpu_milli},
+             {"workload_id", value.workload_id},
+             {"state", value.state},
+             {"error", value.error}};
+  Optional(out, "exit_code", value.exit_code);
+  Optional(out, "signal", value.signal);
+}
+void from_json(const json& in, TaskStatus& value) {
+  Read(in, "rank", value.rank);
+  Read(in, "node", value.node);
+  Read(in, "gpu_indices", value.gpu_indices);
+  Read(in, "gpu_uuids", value.gpu_uuids);
+  Read(in, "gpu_milli", value.gpu_milli);
+  Read(in, "workload_id", value.workload_id);
+  Read(in, "state", value.state);
+  Read(in, "error", value.error);
+  ReadOptional(in, "exit_code", value.exit_code);
+  ReadOptional(in, "signal", value.signal);
+}
+
+void to_json(json& out, const JobRecord& value) {
+  out = json{{"id", value.id},
+             {"user", value.user},
+             {"team", value.team},
+             {"spec", value.spec},
+             {"state", JobStateName(value.state)},
+             {"reason", value.reason},
+             {"reason_code", value.reason_code},
+             {"created_ms", value.created_ms},
+             {"started_ms", value.started_ms},
+             {"finished_ms", value.finished_ms},
+             {"attempt", value.attempt},
+             {"tasks", value.tasks},
+             {"events", value.events}};
+  Optional(out, "exit_code", value.exit_code);
+}
+void from_json(const json& in, JobRecord& value) {
+  Read(in, "id", value.id);
+  Read(in, "user", value.user);
+  Read(in, "team", value.team);
+  if (auto it = in.find("spec"); it != in.end()) value.spec = it->get<JobSubmission>();
+  std::string state;
+  Read(in, "state", state);
+  if (auto parsed = ParseJobState(state))
+    value.state = *parsed;
+  else
+    throw std::invalid_argument(fmt::format("unknown job state '{}'", state));
+  Read(in, "reason", value.reason);
+  Read(in, "reason_code", value.reason_code);
+  Read(in, "created_ms", value.created_ms);
+  Read(in, "started_ms", value.started_ms);
+  Read(in, "finished_ms", value.finished_ms);
+  Read(in, "attempt", value.attempt);
+  Read(in, "tasks", value.tasks);
+  Read(in, "events", value.events);
+  ReadOptional(in, "exit_code", value.exit_code);
+}
+
+void to_json(json& out, const GpuStatus& value) {
+  out = json{{"index", value.index},
+             {"uuid", value.uuid},
+             {"model", value.model},
+             {"memory_mib", value.memory_mib},
+             {"nvlink_island", value.nvlink_island},
+             {"healthy", value.healthy},
+             {"health_reason", value.health_reason},
+             {"utilization_pct", value.utilization_pct},
+             {"memory_used_mib", value.memory_used_mib},
+             {"temperature_c", value.temperature_c},
+             {"power_w", value.power_w}};
+}
+void from_json(const json& in, GpuStatus& value) {
+  Read(in, "index", value.index);
+  Read(in, "uuid", value.uuid);
+  Read(in, "model", value.model);
+  Read(in, "memory_mib", value.memory_mib);
+  Read(in, "nvlink_island", value.nvlink_island);
+  Read(in, "healthy", value.healthy);
+  Read(in, "health_reason", value.health_reason);
+  Read(in, "utilization_pct", value.utilization_pct);
+  Read(in, "memory_used_mib", value.memory_used_mib);
+  Read(in, "temperature_c", value.temperature_c);
+  Read(in, "power_w", value.power_w);
+}
+
+void to_json(json& out, const NodeReport& value) {
+  out = json{{"name", value.name},
+             {"address", value.address},
+             {"agent_url", value.agent_url},
+             {"backend", value.backend},
+             {"rack", value.rack},
+             {"spine", value.spine},
+             {"agent_version", value.agent_version},
+             {"cpu_milli", value.cpu_milli},
+             {"memory_mib", value.memory_mib},
+             {"gpus", value.gpus}};
+}
+void from_json(const json& in, NodeReport& value) {
+  Read(in, "name", value.name);
+  Read(in, "address", value.address);
+  Read(in, "agent_url", value.agent_url);
+  Read(in, "backend", value.backend);
+  Read(in, "rack", value.rack);
+  Read(in, "spine", value.spine);
+  Read(in, "agent_version", value.agent_version);
+  Read(in, "cpu_milli", value.cpu_milli);
+  Read(in, "memory_mib", value.memory_mib);
+  Read(in, "gpus", value.gpus);
+}
+
+void to_json(json& out, const NodeRecord& value) {
+  json gpu_jobs = json::object();
+  for (const auto& [index, jobs] : value.gpu_jobs)
+    gpu_jobs[std::to_string(index)] = jobs;
+  out = json{{"report", value.report},
+             {"state", NodeStateName(value.state)},
+             {"drained", value.drained},
+             {"registered_ms", value.registered_ms},
+             {"last_seen_ms", value.last_seen_ms},
+             {"gpu_jobs", gpu_jobs}};
+}
+void from_json(const json& in, NodeRecord& value) {
+  Read(in, "report", value.report);
+  std::string state;
+  Read(in, "state", state);
+  value.state = state == "lost"       ? NodeState::kLost
+                : state == "draining" ? NodeState::kDraining
+                                      : NodeState::kReady;
+  Read(in, "drained", value.drained);
+  Read(in, "registered_ms", value.registered_ms);
+  Read(in, "last_seen_ms", value.last_seen_ms);
+  value.gpu_jobs.clear();
+  if (auto it = in.find("gpu_jobs"); it != in.end() && it->is_object())
+    for (const auto& [index, jobs] : it->items())
+      value.gpu_jobs[std::stoi(index)] = jobs.get<std::vector<JobId>>();
+}
+
+void to_json(json& out, const QueueStatus& value) {
+  out = json{{"name", value.name},
+             {"pending", value.pending},
+             {"running", value.running},
+             {"gpus_pending", FormatGpus(value.gpu_milli_pending)},
+             {"gpus_running", FormatGpus(value.gpu_milli_running)},
+             {"gpu_milli_pending", value.gpu_milli_pending},
+             {"gpu_milli_running", value.gpu_milli_running}};
+}
+void from_json(const json& in, QueueStatus& value) {
+  Read(in, "name", value.name);
+  Read(in, "pending", value.pending);
+  Read(in, "running", value.running);
+  Read(in, "gpu_milli_pending", value.gpu_milli_pending);
+  Read(in, "gpu_milli_running", value.gpu_milli_running);
+}
+
+void to_json(json& out, const TokenInfo& value) {
+  out = json{{"id", value.id},
+             {"user", value.user},
+             {"team", value.team},
+             {"role", RoleName(value.role)},
+             {"created_ms", value.created_ms},
+             {"created_by", value.created_by}};
+}
+void from_json(const json& in, TokenInfo& value) {
+  Read(in, "id", value.id);
+  Read(in, "user", value.user);
+  Read(in, "team", value.team);
+  std::string role;
+  Read(in, "role", role);
+  if (auto parsed = ParseRole(role))
+    value.role = *parsed;
+  else
+    throw std::invalid_argument(fmt::format("unknown role '{}'", role));
+  Read(in, "created_ms", value.created_ms);
+  Read(in, "created_by", value.created_by);
+}
+
+void to_json(json& out, const AuditEntry& value) {
+  out = json{{"seq", value.seq},           {"time_ms", value.time_ms}, {"user", value.user},
+             {"token_id", value.token_id}, {"action", value.action},   {"target", value.target},
+             {"detail", value.detail}};
+}
+void from_json(const json& in, AuditEntry& value) {
+  Read(in, "seq", value.seq);
+  Read(in, "time_ms", value.time_ms);
+  Read(in, "user", value.user);
+  Read(in, "token_id", value.token_id);
+  Read(in, "action", value.action);
+  Read(in, "target", value.target);
+  Read(in, "detail", value.detail);
+}
+
+void to_json(json& out, const WorkloadReport& value) {
+  out = json{{"workload_id", value.workload_id},
+             {"job_id", value.job_id},
+             {"rank", value.rank},
+             {"attempt", value.attempt},
+             {"state", value.state},
+             {"error", value.error},
+             {"started_ms", value.started_ms},
+             {"finished_ms", value.finished_ms}};
+  Optional(out, "exit_code", value.exit_code);
+  Optional(out, "signal", value.signal);
+}
+void from_json(const json& in, WorkloadReport& value) {
+  Read(in, "workload_id", value.workload_id);
+  Read(in, "job_id", value.job_id);
+  Read(in, "rank", value.rank);
+  Read(in, "attempt", value.attempt);
+  Read(in, "state", value.state);
+  Read(in, "error", value.error);
+  Read(in, "started_ms", value.started_ms);
+  Read(in, "finished_ms", value.finished_ms);
+  ReadOptional(in, "exit_code", value.exit_code);
+  ReadOptional(in, "signal", value.signal);
+}
+
+void to_json(json& out, const SyncRequest& value) {
+  out = json{{"node", value.node},
+             {"workloads", value.workloads},
+             {"known_version", value.known_version},
+             {"wait_ms", value.wait_ms}};
+}
+void from_json(const json& in, SyncRequest& value) {
+  Read(in, "node", value.node);
+  Read(in, "workloads", value.workloads);
+  Read(in, "known_version", value.known_version);
+  Read(in, "wait_ms", value.wait_ms);
+}
+
+void to_json(json& out, const TaskLaunch& value) {
+  out = json{{"workload_id", value.workload_id},
+             {"job_id", value.job_id},
+             {"rank", value.rank},
+             {"attempt", value.attempt},
+             {"argv", value.argv},
+             {"env", value.env},
+             {"workdir", value.workdir},
+             {"gpu_indices", value.gpu_indices},
+             {"cpu_milli", value.cpu_milli},
+             {"memory_mib", value.memory_mib},
+             {"max_runtime_ms", value.max_runtime_ms}};
+}
+void from_json(const json& in, TaskLaunch& value) {
+  Read(in, "workload_id", value.workload_id);
+  Read(in, "job_id", value.job_id);
+  Read(in, "rank", value.rank);
+  Read(in, "attempt", value.attempt);
+  Read(in, "argv", value.argv);
+  Read(in, "env", value.env);
+  Read(in, "workdir", value.workdir);
+  Read(in, "gpu_indices", value.gpu_indices);
+  Read(in, "cpu_milli", value.cpu_milli);
+  Read(in, "memory_mib", value.memory_mib);
+  Read(in, "max_runtime_ms", value.max_runtime_ms);
+}
+
+void to_json(json& out, const SyncResponse& value) {
+  out = json{
+      {"version", value.version}, {"desired", value.desired}, {"heartbeat_ms", value.heartbeat_ms}};
+}
+void from_json(const json& in, SyncResponse& value) {
+  Read(in, "version", value.version);
+  Read(in, "desired", value.desired);
+  Read(in, "heartbeat_ms", value.heartbeat_ms);
+}
+
+}  // namespace gpufleet::api

@@ -1,0 +1,221 @@
+#pragma once
+
+// The wire types of gpufleet's HTTP API (/api/v1): what users submit, what the server answers,
+// and what agents and the server exchange. The server, the agent and the CLI share them, so a
+// field means the same on both ends. JSON conversions are in api/json.h. See docs/api.md.
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/types.h"
+
+namespace gpufleet::api {
+
+// ---- Jobs -------------------------------------------------------------------------------------
+
+enum class JobState {
+  kPending,    // waiting for room (or requeued after preemption or a lost node)
+  kScheduled,  // placed by the scheduler; its tasks are assigned to nodes
+  kStarting,   // an agent has started at least one task; not all run yet
+  kRunning,    // every task runs
+  kSucceeded,  // every task exited 0
+  kFailed,     // a task failed (non-zero exit, failed to start, node lost and not restartable)
+  kCancelled,  // a user cancelled it
+};
+
+std::string_view JobStateName(JobState state);  // "pending", ...
+std::optional<JobState> ParseJobState(std::string_view name);
+bool IsTerminal(JobState state);
+
+// What a user asks to run: POST /api/v1/jobs, or a YAML job file through `gpufleet submit -f`.
+// A job is a gang of `tasks` identical tasks, one per node, started together.
+struct JobSubmission {
+  std::string name;  // empty: the command's first word
+  std::string queue = "default";
+  int32_t priority = 0;                        // higher first, within a queue
+  int32_t tasks = 1;                           // the CLI's --nodes
+  MilliGpu gpu_milli_per_task = kMilliPerGpu;  // JSON "gpus": 0.5, 1, 8 (per task)
+  MilliCpu cpu_milli_per_task = 0;             // JSON "cpu": "4", "500m", 4
+  MiB memory_mib_per_task = 0;                 // JSON "memory": "16Gi", 1024
+  std::vector<std::string> gpu_models;         // JSON "gpu_model": "H100-80GB" or a list
+  MiB min_gpu_memory_mib = 0;                  // JSON "min_gpu_memory": "40Gi"
+  std::vector<std::string> command;            // argv; required
+  std::map<std::string, std::string> env;
+  std::string workdir;        // absolute on the node; empty: a fresh directory
+  bool restartable = true;    // requeue (true) or fail (false) when its node is lost
+  bool preemptible = true;    // whether higher-priority work may stop it
+  TimeMs max_runtime_ms = 0;  // JSON "max_runtime": "2h"; 0 = unlimited
+  std::optional<TimeMs> runtime_estimate_ms;  // JSON "runtime_estimate": "30m", for SJF
+};
+
+// One event in a job's history: a state change with its reason and time.
+struct JobEvent {
+  TimeMs time_ms = 0;  // wall clock, ms since the Unix epoch
+  std::string from;    // state names; "" for the first event
+  std::string to;
+  std::string reason;
+};
+
+// Where one task of a job runs, and what its agent last said about it.
+struct TaskStatus {
+  int32_t rank = 0;
+  std::string node;
+  std::vector<int32_t> gpu_indices;  // on the node
+  std::vector<std::string> gpu_uuids;
+  MilliGpu gpu_milli = 0;   // share of each GPU
+  std::string workload_id;  // "j42-r0-a1": job, rank, attempt; the agent's workload id
+  std::string state;        // "", or the agent's workload state: starting, running, exited, ...
+  std::optional<int32_t> exit_code;
+  std::optional<int32_t> signal;
+  std::string error;
+};
+
+struct JobRecord {
+  JobId id = 0;
+  std::string user;  // who submitted it (the token's user)
+  std::string team;  // the submitter's team: who may see and change it
+  JobSubmission spec;
+  JobState state = JobState::kPending;
+  // Pending: why it waits (the scheduler's sentence); failed/cancelled: why it ended.
+  std::string reason;
+  std::string reason_code;  // pending: the scheduler's code ("insufficient_gpus", ...)
+  TimeMs created_ms = 0;
+  TimeMs started_ms = 0;          // the current attempt's start (all tasks running); 0 if not yet
+  TimeMs finished_ms = 0;         // 0 while not terminal
+  int32_t attempt = 0;            // 0 for the first run; +1 for each requeue
+  std::vector<TaskStatus> tasks;  // empty while pending
+  std::vector<JobEvent> events;
+  std::optional<int32_t> exit_code;  // of the first task that failed, or 0 on success
+};
+
+// ---- Nodes, queues, tokens ---------------------------------------------------------------------
+
+struct GpuStatus {
+  int32_t index = 0;
+  std::string uuid;
+  std::string model;
+  MiB memory_mib = 0;
+  int32_t nvlink_island = 0;
+  bool healthy = true;
+  std::string health_reason;  // why not healthy
+  double utilization_pct = 0;
+  MiB memory_used_mib = 0;
+  double temperature_c = 0;
+  double power_w = 0;
+};
+
+// What an agent says of its node in every sync; the server keeps the latest.
+struct NodeReport {
+  std::string name;
+  std::string address;    // the IP other tasks reach this node at (MASTER_ADDR)
+  std::string agent_url;  // the agent's own API ("http://10.0.0.5:9400"), for logs
+  std::string backend;    // "nvml" or "sim"
+  std::string rack;       // leaf switch; empty: one per node
+  std::string spine;
+  std::string agent_version;
+  MilliCpu cpu_milli = 0;
+  MiB memory_mib = 0;
+  std::vector<GpuStatus> gpus;
+};
+
+enum class NodeState { kReady, kDraining, kLost };
+std::string_view NodeStateName(NodeState state);
+
+struct NodeRecord {
+  NodeReport report;
+  NodeState state = NodeState::kReady;
+  bool drained = false;  // an admin drained it: nothing new is placed there
+  TimeMs registered_ms = 0;
+  TimeMs last_seen_ms = 0;
+  // Which job holds each GPU: index -> job ids (several for shared GPUs).
+  std::map<int32_t, std::vector<JobId>> gpu_jobs;
+};
+
+struct QueueStatus {
+  std::string name;
+  int64_t pending = 0;
+  int64_t running = 0;  // scheduled, starting or running
+  MilliGpu gpu_milli_pending = 0;
+  MilliGpu gpu_milli_running = 0;
+};
+
+enum class Role { kAdmin, kUser, kAgent };
+std::string_view RoleName(Role role);
+std::optional<Role> ParseRole(std::string_view name);
+
+// A token as the server shows it: never the secret, which only its creation returns.
+struct TokenInfo {
+  std::string id;  // "tok-" and 8 hex digits: names the token in lists and the audit log
+  std::string user;
+  std::string team;
+  Role role = Role::kUser;
+  TimeMs created_ms = 0;
+  std::string created_by;
+};
+
+struct AuditEntry {
+  uint64_t seq = 0;
+  TimeMs time_ms = 0;
+  std::string user;
+  std::string token_id;
+  std::string action;  // "job.submit", "job.cancel", "node.drain", "token.create", ...
+  std::string target;  // "job/42", "node/gpu-07", ...
+  std::string detail;
+};
+
+// ---- Agent <-> server: POST /api/v1/agents/sync ---------------------------------------------
+//
+// Level-triggered: every sync carries everything the agent knows (its node and every workload
+// the server gave it), and every answer carries everything the node should run. An agent that
+// restarts, or a server that restarts, converges on the next sync.
+
+struct WorkloadReport {
+  std::string workload_id;
+  JobId job_id = 0;
+  int32_t rank = 0;
+  int32_t attempt = 0;
+  std::string state;  // the executor's: starting, running, exited, failed_to_start, lost
+  std::optional<int32_t> exit_code;
+  std::optional<int32_t> signal;
+  std::string error;
+  TimeMs started_ms = 0;
+  TimeMs finished_ms = 0;
+};
+
+struct SyncRequest {
+  NodeReport node;
+  std::vector<WorkloadReport> workloads;
+  // The version of the desired state the agent has applied; the server answers at once when
+  // its own is newer, else waits up to wait_ms for a change (a long poll).
+  uint64_t known_version = 0;
+  int32_t wait_ms = 0;
+};
+
+// One task the node should be running.
+struct TaskLaunch {
+  std::string workload_id;
+  JobId job_id = 0;
+  int32_t rank = 0;
+  int32_t attempt = 0;
+  std::vector<std::string> argv;
+  // The job's env plus the gang's: MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK,
+  // NODE_RANK, LOCAL_WORLD_SIZE (torchrun's names), GPUFLEET_JOB_ID, ...
+  std::map<std::string, std::string> env;
+  std::string workdir;
+  std::vector<int32_t> gpu_indices;
+  MilliCpu cpu_milli = 0;
+  MiB memory_mib = 0;
+  TimeMs max_runtime_ms = 0;
+};
+
+struct SyncResponse {
+  uint64_t version = 0;
+  std::vector<TaskLaunch> desired;  // run exactly these; stop any other job workload
+  int32_t heartbeat_ms = 5000;      // sync at least this often, or the node is marked lost
+};
+
+}  // namespace gpufleet::api
