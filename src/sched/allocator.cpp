@@ -63,6 +63,7 @@ Allocator::Allocator(const Cluster& cluster) : cluster_(cluster) {
   rack_free_whole_.assign(rack_ids.size(), 0);
   spine_free_whole_.assign(spine_ids.size(), 0);
   buckets_.resize(static_cast<size_t>(max_gpus_per_node_) + 1);
+  bucket_size_.assign(buckets_.size(), 0);
   for (NodeSet& bucket : buckets_)
     bucket.Resize(nodes_.size());
   for (int32_t n = 0; n < static_cast<int32_t>(nodes_.size()); ++n) {
@@ -76,11 +77,28 @@ Allocator::Allocator(const Cluster& cluster) : cluster_(cluster) {
 }
 
 void Allocator::BucketInsert(int32_t node) {
-  buckets_[static_cast<size_t>(nodes_[static_cast<size_t>(node)].free_whole)].Insert(node);
+  const auto b = static_cast<size_t>(nodes_[static_cast<size_t>(node)].free_whole);
+  buckets_[b].Insert(node);
+  ++bucket_size_[b];
 }
 
 void Allocator::BucketRemove(int32_t node) {
-  buckets_[static_cast<size_t>(nodes_[static_cast<size_t>(node)].free_whole)].Erase(node);
+  const auto b = static_cast<size_t>(nodes_[static_cast<size_t>(node)].free_whole);
+  buckets_[b].Erase(node);
+  --bucket_size_[b];
+}
+
+bool operator==(const Allocator& a, const Allocator& b) {
+  return a.nodes_ == b.nodes_ && a.gpu_free_ == b.gpu_free_ && a.gpu_model_ == b.gpu_model_ &&
+         a.gpu_memory_ == b.gpu_memory_ && a.gpu_island_ == b.gpu_island_ &&
+         a.gpu_node_ == b.gpu_node_ && a.gpu_usable_ == b.gpu_usable_ &&
+         a.model_names_ == b.model_names_ && a.buckets_ == b.buckets_ &&
+         a.bucket_size_ == b.bucket_size_ && a.max_gpus_per_node_ == b.max_gpus_per_node_ &&
+         a.shared_gpus_ == b.shared_gpus_ && a.rack_nodes_ == b.rack_nodes_ &&
+         a.spine_nodes_ == b.spine_nodes_ && a.rack_free_whole_ == b.rack_free_whole_ &&
+         a.spine_free_whole_ == b.spine_free_whole_ &&
+         a.free_gpu_milli_total_ == b.free_gpu_milli_total_ &&
+         a.usable_gpu_milli_total_ == b.usable_gpu_milli_total_;
 }
 
 void Allocator::SetFreeWhole(int32_t node, int32_t free_whole) {
@@ -260,6 +278,9 @@ std::optional<Allocation> Allocator::PlaceWholeGang(const JobSpec& spec, const E
   const int32_t total = per_task * spec.tasks;
   std::vector<std::pair<int32_t, int32_t>> chosen;  // (node, tasks)
 
+  // Say no before scanning any node when even all of them together cannot hold the gang.
+  if (WholeGpuTasksAtMost(per_task) < spec.tasks) return std::nullopt;
+
   // 1. One node for the whole gang: best fit scans buckets from the smallest that can hold it.
   if (total <= max_gpus_per_node_) {
     const bool ascending = policy == PlacementPolicy::kBinPack;
@@ -318,6 +339,15 @@ std::optional<Allocation> Allocator::PlaceWholeGang(const JobSpec& spec, const E
     nodes_[static_cast<size_t>(node)].free_memory -= spec.memory_mib_per_task * count;
   }
   return allocation;
+}
+
+int64_t Allocator::WholeGpuTasksAtMost(int32_t gpus_per_task) const {
+  // No node holds more tasks than its free whole GPUs allow (TasksFit), and every schedulable
+  // node is in the bucket of its free whole GPUs.
+  int64_t at_most = 0;
+  for (int32_t b = std::max(gpus_per_task, 1); b <= max_gpus_per_node_; ++b)
+    at_most += int64_t{bucket_size_[static_cast<size_t>(b)]} * (b / gpus_per_task);
+  return at_most;
 }
 
 std::optional<std::vector<std::pair<int32_t, int32_t>>> Allocator::SpreadOverNodes(
@@ -491,11 +521,13 @@ bool Allocator::PlaceCpuOnlyTask(const JobSpec& spec, PlacementPolicy policy,
 }
 
 WaitReason Allocator::WhyNotNow(const JobSpec& spec) const {
+  if (spec.gpu_milli_per_task == 0) return WaitReason::kInsufficientCpuOrMemory;
+  // The tasks counted below never hold more than the free share of usable GPUs.
+  if (spec.TotalGpuMilli() > free_gpu_milli_total_) return WaitReason::kInsufficientGpus;
   // Would the GPUs alone hold the gang, ignoring CPU and memory?
   JobSpec gpus_only = spec;
   gpus_only.cpu_milli_per_task = 0;
   gpus_only.memory_mib_per_task = 0;
-  if (gpus_only.gpu_milli_per_task == 0) return WaitReason::kInsufficientCpuOrMemory;
   const Eligibility e = EligibilityOf(spec);
   int64_t tasks = 0;
   for (int32_t n = 0; n < static_cast<int32_t>(nodes_.size()) && tasks < spec.tasks; ++n)

@@ -35,8 +35,16 @@ class Allocator {
   // or nothing. Depends only on the cluster, not on what is committed.
   std::optional<WaitReason> WhyNeverFits(const JobSpec& spec) const;
 
+  // How many tasks of `gpus_per_task` whole GPUs each the nodes' free whole GPUs could hold now:
+  // Place certainly refuses a gang of more tasks, and this is exact for jobs without CPU, memory
+  // or GPU-model constraints. O(GPUs per node).
+  int64_t WholeGpuTasksAtMost(int32_t gpus_per_task) const;
+
   int64_t FreeGpuMilli() const { return free_gpu_milli_total_; }
   int64_t UsableGpuMilli() const { return usable_gpu_milli_total_; }
+
+  // Whether both describe the same cluster with the same free capacity, however they got there.
+  friend bool operator==(const Allocator& a, const Allocator& b);
 
  private:
   // Which GPUs a job may use, resolved once per placement.
@@ -56,6 +64,7 @@ class Allocator {
     int32_t rack = 0;
     int32_t spine = 0;
     bool schedulable = true;
+    friend bool operator==(const NodeState&, const NodeState&) = default;
   };
 
   // A set of nodes visited in index order, so that which of several equal nodes a placement picks
@@ -66,6 +75,7 @@ class Allocator {
     void Resize(size_t nodes) { words_.assign((nodes + 63) / 64, 0); }
     void Insert(int32_t node) { words_[Word(node)] |= Bit(node); }
     void Erase(int32_t node) { words_[Word(node)] &= ~Bit(node); }
+    friend bool operator==(const NodeSet&, const NodeSet&) = default;
     // Calls visit(node) in index order until it returns false.
     template <typename Visit>
     void ForEach(Visit&& visit) const {
@@ -121,8 +131,9 @@ class Allocator {
   std::vector<uint8_t> gpu_usable_;       // healthy and on a schedulable node
   std::vector<std::string> model_names_;  // model id -> name (at most 64 models)
 
-  // Schedulable nodes by their number of free whole GPUs.
+  // Schedulable nodes by their number of free whole GPUs, and how many are in each bucket.
   std::vector<NodeSet> buckets_;
+  std::vector<int32_t> bucket_size_;
   int32_t max_gpus_per_node_ = 0;
   // Usable GPUs shared by fractional tasks with room left, as (free milli-GPUs, flat GPU): a
   // shared placement finds the tightest or roomiest one without scanning every node.

@@ -21,9 +21,11 @@ struct CycleOptions {
   bool pending_sorted = false;
   // How many pending jobs ask for no GPU at all; -1 when unknown.
   int64_t cpu_only_pending = -1;
-  // When false the cycle stops as soon as no further job can start, and `waiting` holds only the
-  // jobs it looked at. The simulator uses this so that a cycle does not touch thousands of
-  // waiting jobs that cannot start.
+  // When false the cycle computes no wait reason and leaves `waiting` empty, and it stops as soon
+  // as no further job can start; once no job left can preempt, it passes over a job asking for
+  // more GPUs than are free without looking further. The simulator uses this so that a cycle
+  // does not touch thousands of waiting jobs that cannot start, and asks again with true when it
+  // needs to say why a job waits.
   bool explain_all_waiting = true;
 };
 
@@ -39,6 +41,16 @@ Decisions Schedule(const Cluster& cluster, std::span<const RunningJob> running,
 Decisions Schedule(const Allocator& capacity, std::span<const RunningJob> running,
                    std::span<const PendingJob* const> pending, TimeMs now,
                    const SchedulerConfig& config, const CycleOptions& options);
+
+// The same cycle working on `capacity` itself instead of a copy, so that a cycle that decides
+// little costs little. On return `capacity` holds the cycle's own decisions: the preempted jobs
+// released and the placed jobs committed, exactly as if the caller had done so (an Allocator's
+// state does not depend on the order of its changes). Still a function of its arguments: the
+// decisions are those of the overloads above. If it throws (`capacity` does not match
+// `running`), `capacity` is left in an unspecified state.
+Decisions ScheduleInPlace(Allocator& capacity, std::span<const RunningJob> running,
+                          std::span<const PendingJob* const> pending, TimeMs now,
+                          const SchedulerConfig& config, const CycleOptions& options);
 
 // The queue order of the configured policy: whether `a` is considered before `b` at `now`. Only
 // LAS with a starvation factor makes this change over time for a job that waits.

@@ -77,7 +77,12 @@ struct Waiting {
 struct Decisions {
   std::vector<Placement> placements;    // start these, in this order
   std::vector<Preemption> preemptions;  // stop these first; their room is used by placements
-  std::vector<Waiting> waiting;         // every pending job not placed, with the reason
+  // Every pending job not placed, with the reason; empty when the caller asked for no
+  // explanations (CycleOptions::explain_all_waiting false).
+  std::vector<Waiting> waiting;
+  // How many pending jobs the cycle went through, in queue order: all of them unless it stopped
+  // early (CycleOptions::explain_all_waiting false).
+  int64_t considered = 0;
 };
 
 }  // namespace gpufleet::sched

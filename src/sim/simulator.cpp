@@ -102,12 +102,12 @@ class Replay {
       Record(now);
     }
     if (PendingCount() > 0) {
-      const JobId stuck = last_waiting_.job < n ? last_waiting_.job : queue_[queue_head_]->spec.id;
+      const sched::Waiting stuck = ExplainFirstWaiting();
       throw SimError(fmt::format(
           "no progress possible at t={} s: {} job(s) pending, nothing running and no arrivals "
           "left; {} waits because: {}",
-          last_time_ / kMsPerSecond, PendingCount(), DescribeJob(stuck),
-          sched::DescribeWait(last_waiting_.reason, trace_.jobs[stuck].spec)));
+          last_time_ / kMsPerSecond, PendingCount(), DescribeJob(stuck.job),
+          sched::DescribeWait(stuck.reason, trace_.jobs[stuck.job].spec)));
     }
     result_.time_series = Downsample(series_, result_.last_finish, options_.max_time_series_points);
     return std::move(result_);
@@ -192,24 +192,40 @@ class Replay {
       running_[i].attained_gpu_ms =
           service.earlier_gpu_ms + ServiceGpuMs(service.milli, now - running_[i].start_time);
     }
-    sched::CycleOptions hints;
+    const auto running = std::span<const sched::RunningJob>(running_);
+    const auto pending = std::span<const sched::PendingJob* const>(queue_).subspan(queue_head_);
+    sched::Decisions decisions;
     if (options_.cycle_hints) {
+      // No wait reasons (the run asks for them only if it gets stuck), and the cycle works on
+      // capacity_ itself, leaving its decisions applied, instead of on a copy.
+      sched::CycleOptions hints;
       hints.pending_sorted = keep_sorted_;
       hints.cpu_only_pending = cpu_only_pending_;
       hints.explain_all_waiting = false;
+      decisions = sched::ScheduleInPlace(capacity_, running, pending, now, config_, hints);
+      applied_ = true;
+    } else {
+      // The reference path: a full cycle on a copy, whose decisions Preempt and Start apply.
+      decisions = sched::Schedule(capacity_, running, pending, now, config_, sched::CycleOptions{});
+      applied_ = false;
     }
-    sched::Decisions decisions =
-        sched::Schedule(capacity_, std::span<const sched::RunningJob>(running_),
-                        std::span<const sched::PendingJob* const>(queue_).subspan(queue_head_), now,
-                        config_, hints);
     ++result_.scheduling_cycles;
     for (const sched::Preemption& preemption : decisions.preemptions)
       Preempt(preemption.job, now);
     for (sched::Placement& placement : decisions.placements)
       Start(placement, now);
     if (!holes_.empty()) CompactPending();
-    // Kept for the message should the run get stuck; described only then.
-    if (!decisions.waiting.empty()) last_waiting_ = decisions.waiting.front();
+  }
+
+  // Why the first job that waits does so, by a cycle with full explanations on the present
+  // state. Only for the message of a run that cannot go on.
+  sched::Waiting ExplainFirstWaiting() {
+    const sched::Decisions decisions =
+        sched::Schedule(capacity_, std::span<const sched::RunningJob>(running_),
+                        std::span<const sched::PendingJob* const>(queue_).subspan(queue_head_),
+                        last_time_, config_, sched::CycleOptions{});
+    if (!decisions.waiting.empty()) return decisions.waiting.front();
+    return {.job = queue_[queue_head_]->spec.id, .reason = sched::WaitReason::kInsufficientGpus};
   }
 
   void Preempt(JobId id, TimeMs now) {
@@ -218,7 +234,7 @@ class Replay {
     JobState& state = jobs_[id];
     sched::RunningJob& running = running_[state.slot];
     const TimeMs ran = now - running.start_time;
-    capacity_.Release(running.spec, running.allocation);
+    if (!applied_) capacity_.Release(running.spec, running.allocation);
     sched::PendingJob& pending = pending_jobs_[id];
     pending.spec = std::move(running.spec);
     pending.attained_gpu_ms = state.earlier_gpu_ms + ServiceGpuMs(state.milli, ran);
@@ -248,8 +264,9 @@ class Replay {
     running.allocation = std::move(placement.allocation);
     running.start_time = now;
     running.attained_gpu_ms = state.earlier_gpu_ms;
-    // Commit checks the placement against what runs: a scheduler bug would throw here.
-    capacity_.Commit(running.spec, running.allocation);
+    // Commit checks the placement against what runs: a scheduler bug would throw here. (The
+    // property tests check that ScheduleInPlace leaves the same capacity.)
+    if (!applied_) capacity_.Commit(running.spec, running.allocation);
     state.milli = AllocatedMilli(running.allocation);
     allocated_milli_ += state.milli;
     state.where = Where::kRunning;
@@ -399,8 +416,9 @@ class Replay {
   const sched::SchedulerConfig& config_;
   const SimOptions& options_;
   // Free capacity with every running job committed, kept in step as jobs start and stop, so a
-  // cycle copies it instead of re-committing all running jobs.
+  // cycle need not re-commit all running jobs. With cycle hints the cycle works on it in place.
   sched::Allocator capacity_;
+  bool applied_ = false;  // the decisions being applied are already in capacity_
 
   std::vector<JobState> jobs_;  // by trace position, which is also the scheduler's job id
   // A pending job lives at pending_jobs_[id] (its spec moves to running_ while it runs). queue_
@@ -424,8 +442,6 @@ class Replay {
   std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
   int64_t allocated_milli_ = 0;
   TimeMs last_time_ = 0;
-  sched::Waiting last_waiting_{.job = std::numeric_limits<JobId>::max(),
-                               .reason = sched::WaitReason::kInsufficientGpus};
   std::vector<TimeSeriesPoint> series_;
   SimResult result_;
 };

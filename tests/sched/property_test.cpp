@@ -7,10 +7,12 @@
 #include <iostream>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -559,9 +561,241 @@ TEST(ScheduleProperty, HintedCycleDecidesTheSameAsAFullOne) {
                       [](const PendingJob& j) { return j.spec.gpu_milli_per_task == 0; });
     const Decisions hinted = Schedule(c.cluster, c.running, sorted, c.now, c.config, options);
     ASSERT_EQ(DescribeActions(full), DescribeActions(hinted)) << "seed " << seed;
-    if (hinted.placements.size() + hinted.waiting.size() < c.pending.size()) ++stopped_early;
+    EXPECT_EQ(full.considered, static_cast<int64_t>(c.pending.size())) << "seed " << seed;
+    EXPECT_TRUE(hinted.waiting.empty()) << "seed " << seed;  // no explanations asked for
+    if (hinted.considered < static_cast<int64_t>(c.pending.size())) ++stopped_early;
   }
   EXPECT_GT(stopped_early, 30);  // the early stop must actually be exercised
+}
+
+// Without explanations a cycle computes no wait reason, checks feasibility only where it decides
+// something, and once no job left may preempt passes over jobs asking for more GPUs than are
+// free. None of this may change a placement or a preemption, with or without the other hints, on
+// queues long enough to reach that point often.
+TEST(ScheduleProperty, LazyExplanationsDecideLikeFullOnes) {
+  int64_t stopped_early = 0;
+  int64_t preemptions = 0;
+  for (uint64_t seed = 600'001; seed < 600'001 + 400; ++seed) {
+    const Case c = seed % 4 == 0 ? RandomCase(seed, 24, 150) : RandomCase(seed, 6, 60);
+    std::vector<const PendingJob*> pending;
+    for (const PendingJob& job : c.pending)
+      pending.push_back(&job);
+    const Decisions full = Schedule(c.cluster, c.running, pending, c.now, c.config, CycleOptions{});
+    CycleOptions lazy;
+    lazy.explain_all_waiting = false;
+    const Decisions unsorted = Schedule(c.cluster, c.running, pending, c.now, c.config, lazy);
+    ASSERT_EQ(DescribeActions(full), DescribeActions(unsorted)) << "seed " << seed;
+    std::sort(pending.begin(), pending.end(), [&](const PendingJob* a, const PendingJob* b) {
+      return PendingBefore(*a, *b, c.now, c.config);
+    });
+    lazy.pending_sorted = true;
+    lazy.cpu_only_pending =
+        std::count_if(c.pending.begin(), c.pending.end(),
+                      [](const PendingJob& j) { return j.spec.gpu_milli_per_task == 0; });
+    const Decisions hinted = Schedule(c.cluster, c.running, pending, c.now, c.config, lazy);
+    ASSERT_EQ(DescribeActions(full), DescribeActions(hinted)) << "seed " << seed;
+    EXPECT_TRUE(unsorted.waiting.empty() && hinted.waiting.empty()) << "seed " << seed;
+    if (hinted.considered < static_cast<int64_t>(c.pending.size())) ++stopped_early;
+    preemptions += static_cast<int64_t>(full.preemptions.size());
+  }
+  EXPECT_GT(stopped_early, 50);
+  EXPECT_GT(preemptions, 100);
+}
+
+// The pass-over itself: with no job able to preempt, a long run of jobs too big for the free
+// GPUs is skipped and the small job behind them still starts; the full cycle agrees.
+TEST(ScheduleProperty, LazyCyclePassesOverJobsTooBigForTheFreeGpus) {
+  UniformClusterShape shape;
+  shape.nodes = 2;
+  Case c;
+  c.cluster = MakeUniformCluster(shape);
+  c.now = 1'000'000;
+  c.config.order = QueueOrder::kLas;
+  c.config.backfill = Backfill::kFirstFit;
+  RunningJob big;  // 14 of 16 GPUs, in the first LAS queue: nobody may preempt it
+  big.spec.id = 1;
+  big.spec.tasks = 2;
+  big.spec.gpu_milli_per_task = 7000;
+  big.allocation = {{.node = 0, .gpus = {}}, {.node = 1, .gpus = {}}};
+  for (int32_t g = 0; g < 7; ++g) {
+    big.allocation[0].gpus.push_back({.gpu = g, .milli = kMilliPerGpu});
+    big.allocation[1].gpus.push_back({.gpu = g, .milli = kMilliPerGpu});
+  }
+  c.running.push_back(big);
+  for (JobId id = 10; id < 110; ++id) {
+    PendingJob job;
+    job.spec.id = id;
+    job.spec.submit_time = static_cast<TimeMs>(id);
+    job.spec.gpu_milli_per_task = id < 109 ? 4000 : 1000;  // 99 too big, then one that fits
+    c.pending.push_back(job);
+  }
+  std::vector<const PendingJob*> pending;
+  for (const PendingJob& job : c.pending)
+    pending.push_back(&job);
+  CycleOptions lazy;
+  lazy.pending_sorted = true;
+  lazy.cpu_only_pending = 0;
+  lazy.explain_all_waiting = false;
+  const Decisions hinted = Schedule(c.cluster, c.running, pending, c.now, c.config, lazy);
+  const Decisions full = Schedule(c.cluster, c.running, c.pending, c.now, c.config);
+  ASSERT_EQ(hinted.placements.size(), 1u);
+  EXPECT_EQ(hinted.placements[0].job, 109u);
+  EXPECT_EQ(hinted.considered, 100);
+  EXPECT_TRUE(hinted.waiting.empty());
+  EXPECT_EQ(DescribeActions(full), DescribeActions(hinted));
+  ASSERT_EQ(full.waiting.size(), 99u);
+  EXPECT_EQ(full.waiting[0].reason, WaitReason::kInsufficientGpus);
+}
+
+// A first-fit cycle with preemption, worked out independently of the scheduler's ranking: jobs
+// in queue order; one that does not fit (and could fit the empty cluster) takes victims by the
+// documented rule among the running jobs not taken yet: candidates of a strictly worse class,
+// worst class first, then most recently started, then highest id; stop once the job fits; give
+// back, best first, those it does not need; all or nothing.
+Decisions ReferenceFirstFitCycle(const Case& c) {
+  Allocator allocator(c.cluster);
+  for (const RunningJob& running : c.running)
+    allocator.Commit(running.spec, running.allocation);
+  std::vector<const PendingJob*> queue;
+  for (const PendingJob& job : c.pending)
+    queue.push_back(&job);
+  std::sort(queue.begin(), queue.end(), [&](const PendingJob* a, const PendingJob* b) {
+    return PendingBefore(*a, *b, c.now, c.config);
+  });
+  auto class_of_running = [&](const RunningJob& job) {
+    return ClassOf(c.config, job.spec, job.attained_gpu_ms, -1, c.now);
+  };
+  Decisions d;
+  std::set<JobId> taken;
+  for (const PendingJob* job : queue) {
+    if (auto allocation = allocator.Place(job->spec, c.config.placement)) {
+      d.placements.push_back({job->spec.id, std::move(*allocation)});
+      continue;
+    }
+    if (CheckFeasible(c.cluster, job->spec)) continue;
+    const TimeMs since = job->last_run_end >= 0 ? job->last_run_end : job->spec.submit_time;
+    const auto cls = ClassOf(c.config, job->spec, job->attained_gpu_ms, since, c.now);
+    std::vector<const RunningJob*> candidates;
+    for (const RunningJob& running : c.running) {
+      if (running.spec.preemptible && !taken.count(running.spec.id) &&
+          cls < class_of_running(running))
+        candidates.push_back(&running);
+    }
+    std::sort(candidates.begin(), candidates.end(), [&](const RunningJob* a, const RunningJob* b) {
+      return std::tuple(class_of_running(*b), b->start_time, b->spec.id) <
+             std::tuple(class_of_running(*a), a->start_time, a->spec.id);
+    });
+    std::vector<const RunningJob*> released;
+    std::optional<Allocation> allocation;
+    for (const RunningJob* victim : candidates) {
+      allocator.Release(victim->spec, victim->allocation);
+      released.push_back(victim);
+      if ((allocation = allocator.Place(job->spec, c.config.placement))) break;
+    }
+    if (!allocation) {
+      for (const RunningJob* victim : released)
+        allocator.Commit(victim->spec, victim->allocation);
+      continue;
+    }
+    std::vector<const RunningJob*> needed = {released.back()};
+    for (size_t k = released.size() - 1; k-- > 0;) {
+      const RunningJob* victim = released[k];
+      allocator.Release(job->spec, *allocation);
+      allocator.Commit(victim->spec, victim->allocation);
+      if (auto without = allocator.Place(job->spec, c.config.placement)) {
+        allocation = std::move(without);
+      } else {
+        allocator.Release(victim->spec, victim->allocation);
+        allocation = allocator.Place(job->spec, c.config.placement);
+        needed.push_back(victim);
+      }
+    }
+    std::sort(needed.begin(), needed.end(),
+              [](const RunningJob* a, const RunningJob* b) { return a->spec.id < b->spec.id; });
+    for (const RunningJob* victim : needed) {
+      taken.insert(victim->spec.id);
+      const bool demotion =
+          c.config.order == QueueOrder::kLas && victim->spec.priority == job->spec.priority;
+      d.preemptions.push_back(
+          {victim->spec.id, job->spec.id,
+           demotion ? PreemptReason::kLasDemotion : PreemptReason::kHigherPriority});
+    }
+    d.placements.push_back({job->spec.id, std::move(*allocation)});
+  }
+  return d;
+}
+
+// The cycle ranks running jobs once, for the test whether any preemption is possible, and hands
+// those classes to the victim list, which keeps only jobs worse than the first job to try a
+// preemption. The victims must be exactly those of the reference above, with and without
+// explanations.
+TEST(ScheduleProperty, SharedRanksTakeTheReferenceVictims) {
+  int64_t preemptions = 0;
+  int64_t several = 0;  // cycles where more than one job preempts
+  for (uint64_t seed = 700'001; seed < 700'001 + 1500; ++seed) {
+    Case c = RandomCase(seed, 8, 6);
+    c.config.preempt = true;
+    c.config.backfill = Backfill::kFirstFit;
+    if (c.config.order == QueueOrder::kLas) c.config.las_queue_limits_gpu_s = {100, 1000};
+    for (size_t k = 0; k < c.pending.size(); k += 2)
+      c.pending[k].spec.priority = 2;  // more running jobs rank worse
+    const Decisions expected = ReferenceFirstFitCycle(c);
+    std::vector<const PendingJob*> pending;
+    for (const PendingJob& job : c.pending)
+      pending.push_back(&job);
+    for (const bool explain : {true, false}) {
+      CycleOptions options;
+      options.explain_all_waiting = explain;
+      const Decisions d = Schedule(c.cluster, c.running, pending, c.now, c.config, options);
+      ASSERT_EQ(DescribeActions(expected), DescribeActions(d))
+          << "seed " << seed << (explain ? "" : " (lazy)");
+    }
+    preemptions += static_cast<int64_t>(expected.preemptions.size());
+    std::set<JobId> preempting;
+    for (const Preemption& p : expected.preemptions)
+      preempting.insert(p.for_job);
+    if (preempting.size() > 1) ++several;
+  }
+  EXPECT_GT(preemptions, 300);
+  EXPECT_GT(several, 30);
+}
+
+// ScheduleInPlace decides what Schedule does and leaves the capacity as if the caller had
+// released the preempted jobs and committed the placed ones itself, with or without hints.
+TEST(ScheduleProperty, InPlaceCycleLeavesItsDecisionsApplied) {
+  for (uint64_t seed = 800'001; seed < 800'001 + 300; ++seed) {
+    const Case c = RandomCase(seed, 12, 40);
+    std::vector<const PendingJob*> pending;
+    for (const PendingJob& job : c.pending)
+      pending.push_back(&job);
+    Allocator capacity(c.cluster);
+    for (const RunningJob& job : c.running)
+      capacity.Commit(job.spec, job.allocation);
+    for (const bool explain : {true, false}) {
+      CycleOptions options;
+      options.explain_all_waiting = explain;
+      const Decisions copied = Schedule(capacity, c.running, pending, c.now, c.config, options);
+      Allocator in_place = capacity;
+      const Decisions applied =
+          ScheduleInPlace(in_place, c.running, pending, c.now, c.config, options);
+      ASSERT_EQ(Describe(copied), Describe(applied)) << "seed " << seed;
+
+      Allocator by_hand = capacity;
+      std::map<JobId, const JobSpec*> specs;
+      for (const RunningJob& job : c.running)
+        specs[job.spec.id] = &job.spec;
+      for (const PendingJob& job : c.pending)
+        specs[job.spec.id] = &job.spec;
+      for (const Preemption& p : applied.preemptions) {
+        const auto victim = std::find_if(c.running.begin(), c.running.end(),
+                                         [&](const RunningJob& j) { return j.spec.id == p.job; });
+        by_hand.Release(victim->spec, victim->allocation);
+      }
+      for (const Placement& p : applied.placements)
+        by_hand.Commit(*specs[p.job], p.allocation);
+      EXPECT_TRUE(in_place == by_hand) << "seed " << seed << (explain ? "" : " (lazy)");
+    }
+  }
 }
 
 // A caller that keeps one Allocator across cycles (the simulator) must get exactly the decisions

@@ -215,10 +215,24 @@ TEST(Replay, InfeasibleJobIsAnErrorNotAHang) {
     EXPECT_EQ(std::string(error.what()).rfind("test.csv:3: ", 0), 0u) << error.what();
     EXPECT_NE(std::string(error.what()).find("job-1"), std::string::npos) << error.what();
   }
-  // ...and the simulator refuses to spin when such a job reaches it anyway.
-  EXPECT_THROW(Simulate(OneNode(4), trace, Config(sched::QueueOrder::kFifo, sched::Backfill::kNone),
-                        Options()),
-               SimError);
+  // ...and the simulator refuses to spin when such a job reaches it anyway, saying why it waits
+  // (cycles run without explanations; the run asks for one only now), with and without hints.
+  for (const bool hints : {true, false}) {
+    SimOptions options = Options();
+    options.cycle_hints = hints;
+    try {
+      Simulate(OneNode(4), trace, Config(sched::QueueOrder::kFifo, sched::Backfill::kNone),
+               options);
+      FAIL() << "expected a SimError";
+    } catch (const SimError& error) {
+      const std::string message = error.what();
+      EXPECT_NE(message.find("line 3 (job-1) waits because: "), std::string::npos) << message;
+      EXPECT_NE(message.find(sched::DescribeWait(sched::WaitReason::kInfeasibleGpuCount,
+                                                 trace.jobs[1].spec)),
+                std::string::npos)
+          << message;
+    }
+  }
   // Skipping counts it and keeps the rest.
   Trace skipped = trace;
   EXPECT_EQ(RemoveInfeasibleJobs(OneNode(4), skipped, true), 1);
