@@ -8,6 +8,7 @@ packages=(
   libfmt-dev libspdlog-dev nlohmann-json3-dev libyaml-cpp-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev libboost-dev
   libsqlite3-dev libssl-dev
+  openssl  # the HTTPS tests make their certificates with the openssl tool
   clang-format python3
   prometheus  # the agent's integration test scrapes it with a real Prometheus server
 )

@@ -1,7 +1,9 @@
 #pragma once
 
-// A small synchronous HTTP/1.1 client for the CLI and tests: one request per connection, one
-// deadline for the whole exchange (connect, send, receive).
+// A small synchronous HTTP/1.1 client for the CLI, the agent and tests: one request per
+// connection, one deadline for the whole exchange (connect, TLS handshake, send, receive).
+// https:// URLs verify the server's certificate (against HttpCallOptions::ca_file or the system's
+// CAs) and that it names the URL's host (DNS name or IP address); the host name goes as SNI.
 
 #include <chrono>
 #include <optional>
@@ -28,10 +30,11 @@ struct HttpResult {
   bool ok() const { return response.has_value(); }
 };
 
-// "http://host:port/path?query" split up; only plain http.
+// "http://host:port/path?query" or "https://..." split up.
 struct HttpUrl {
+  bool tls = false;  // https
   std::string host;
-  uint16_t port = 80;
+  uint16_t port = 80;  // 443 for https when the URL gives none
   std::string target = "/";
 };
 std::optional<HttpUrl> ParseHttpUrl(std::string_view url, std::string& error);
@@ -43,6 +46,8 @@ struct HttpCallOptions {
   std::chrono::milliseconds timeout = kDefaultHttpTimeout;
   std::string content_type = "application/json";
   HttpHeaders headers;  // extra request headers: Authorization, ...
+  // https: a PEM file of the CA certificates to trust; empty: the system's (/etc/ssl/certs).
+  std::string ca_file;
 };
 
 HttpResult HttpCall(std::string_view method, std::string_view url, const HttpCallOptions& options);

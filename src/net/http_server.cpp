@@ -7,17 +7,23 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/ssl/context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core.hpp>
+#include <boost/beast/core/detect_ssl.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl/ssl_stream.hpp>
 #include <fmt/format.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 
 namespace gpufleet::net {
 namespace {
@@ -25,7 +31,9 @@ namespace {
 namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
+namespace ssl = asio::ssl;
 using tcp = asio::ip::tcp;
+using TlsStream = beast::ssl_stream<beast::tcp_stream>;
 
 std::string FormatEndpoint(const tcp::endpoint& endpoint) {
   const asio::ip::address address = endpoint.address();
@@ -38,7 +46,55 @@ std::string FormatEndpoint(const tcp::endpoint& endpoint) {
 // a reset, and the client could lose the answer.
 constexpr auto kLingerTime = std::chrono::seconds(1);
 
-class Session;
+// OpenSSL's reason for the last failure ("no start line", "key values mismatch"), or `fallback`.
+std::string OpenSslReason(const beast::error_code& code) {
+  const unsigned long last = ::ERR_peek_last_error();
+  ::ERR_clear_error();
+  if (last != 0) {
+    char text[256];
+    ::ERR_error_string_n(last, text, sizeof text);
+    return text;
+  }
+  return code.message();
+}
+
+// TLS 1.2 or later with the certificate chain and key from PEM files; nothing (and why) when they
+// cannot be read or do not belong together.
+std::optional<ssl::context> ServerTlsContext(const std::string& cert_file,
+                                             const std::string& key_file, std::string& error) {
+  ssl::context context(ssl::context::tls_server);
+  ::SSL_CTX_set_min_proto_version(context.native_handle(), TLS1_2_VERSION);
+  context.set_options(ssl::context::default_workarounds | ssl::context::single_dh_use);
+  beast::error_code code;
+  context.use_certificate_chain_file(cert_file, code);
+  if (code) {
+    error = fmt::format("TLS certificate '{}': {}", cert_file, OpenSslReason(code));
+    return std::nullopt;
+  }
+  context.use_private_key_file(key_file, ssl::context::pem, code);
+  if (code) {
+    const std::string reason = OpenSslReason(code);
+    error = reason.find("key values mismatch") != std::string::npos
+                ? fmt::format("TLS private key '{}' does not belong to the certificate '{}'",
+                              key_file, cert_file)
+                : fmt::format("TLS private key '{}': {}", key_file, reason);
+    return std::nullopt;
+  }
+  if (::SSL_CTX_check_private_key(context.native_handle()) != 1) {
+    error = fmt::format("TLS private key '{}' does not belong to the certificate '{}'", key_file,
+                        cert_file);
+    ::ERR_clear_error();
+    return std::nullopt;
+  }
+  return context;
+}
+
+// What the server keeps of a connection, whatever its stream (plain or TLS).
+class SessionBase {
+ public:
+  virtual ~SessionBase() = default;
+  virtual void Shutdown() = 0;
+};
 
 }  // namespace
 
@@ -51,7 +107,7 @@ struct HttpServer::Impl {
         accept_retry(acceptor.get_executor()) {}
 
   void Accept();
-  void Register(uint64_t id, const std::shared_ptr<Session>& session);
+  void Register(uint64_t id, const std::shared_ptr<SessionBase>& session);
   void Forget(uint64_t id);
 
   const HttpServerOptions options;
@@ -60,9 +116,12 @@ struct HttpServer::Impl {
 
   std::mutex mutex;
   std::condition_variable sessions_gone;
-  std::map<uint64_t, std::weak_ptr<Session>> sessions;
+  std::map<uint64_t, std::weak_ptr<SessionBase>> sessions;
   uint64_t next_session_id = 0;
   bool stop_called = false;
+
+  // Set when the server speaks HTTPS: the certificate and key, shared by every session.
+  std::optional<ssl::context> tls;
 
   // Declared after the members sessions touch when they are destroyed with the io_context.
   asio::io_context ioc;
@@ -74,33 +133,79 @@ struct HttpServer::Impl {
 
 namespace {
 
-// One connection. All its handlers run on its own strand, so it needs no lock; the server reaches
-// it only through asio::post.
-class Session : public std::enable_shared_from_this<Session> {
+// One connection over a plain TCP stream or a TLS one (the only difference: a TLS connection
+// starts with a handshake). All its handlers run on its own strand, so it needs no lock; the
+// server reaches it only through asio::post.
+template <typename Stream>
+class Session : public SessionBase, public std::enable_shared_from_this<Session<Stream>> {
+  static constexpr bool kTls = std::is_same_v<Stream, TlsStream>;
+  using std::enable_shared_from_this<Session<Stream>>::shared_from_this;
+
  public:
-  Session(tcp::socket socket, HttpServer::Impl& server, uint64_t id)
+  Session(tcp::socket socket, HttpServer::Impl& server, uint64_t id) requires(!kTls)
       : stream_(std::move(socket)), server_(server), id_(id) {}
-  ~Session() { server_.Forget(id_); }
+  Session(tcp::socket socket, HttpServer::Impl& server, uint64_t id) requires(kTls)
+      : stream_(std::move(socket), *server.tls), server_(server), id_(id) {}
+  ~Session() override { server_.Forget(id_); }
 
   void Start() {
-    asio::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->ReadHeader(); });
+    asio::dispatch(stream_.get_executor(), [self = shared_from_this()] {
+      if constexpr (kTls)
+        self->DetectTls();
+      else
+        self->ReadHeader();
+    });
   }
 
   // From Stop(): an idle connection is closed now; one with a request in progress after its
   // answer (ReadHeader sees `stopping`).
-  void Shutdown() {
+  void Shutdown() override {
     asio::post(stream_.get_executor(), [self = shared_from_this()] {
-      if (self->idle_) self->stream_.cancel();
+      if (self->idle_) self->Tcp().cancel();
     });
   }
 
  private:
+  beast::tcp_stream& Tcp() { return beast::get_lowest_layer(stream_); }
+
+  // A TLS connection must start with a ClientHello. Anything else is most likely plain HTTP sent
+  // to the HTTPS port: answered in plain text, so the client sees why instead of a reset.
+  void DetectTls() {
+    idle_ = true;
+    Tcp().expires_after(server_.options.idle_timeout);
+    beast::async_detect_ssl(Tcp(), buffer_,
+                            beast::bind_front_handler(&Session::OnDetected, shared_from_this()));
+  }
+
+  void OnDetected(beast::error_code error, bool tls) {
+    if (error) return Close();
+    if (!tls) {
+      idle_ = false;
+      plain_ = true;
+      return SendError(400,
+                       "this server speaks HTTPS only: the request came as plain HTTP (use an "
+                       "https:// URL)");
+    }
+    if constexpr (kTls) {
+      // The bytes read while detecting are the start of the handshake.
+      stream_.async_handshake(ssl::stream_base::server, buffer_.data(),
+                              beast::bind_front_handler(&Session::OnHandshake, shared_from_this()));
+    }
+  }
+
+  void OnHandshake(beast::error_code error, size_t used) {
+    // A client that refuses our certificate, or speaks no TLS we accept: nothing to answer.
+    if (error) return Close();
+    buffer_.consume(used);
+    ReadHeader();
+  }
+
   void ReadHeader() {
     if (server_.stopping) return Close();
     parser_.emplace();
     parser_->body_limit(server_.options.max_body_bytes);
     parser_->header_limit(static_cast<uint32_t>(server_.options.max_header_bytes));
-    stream_.expires_after(server_.options.idle_timeout);
+    Tcp().expires_after(server_.options.idle_timeout);
     idle_ = buffer_.size() == 0;  // bytes already buffered: a pipelined request is in progress
     http::async_read_header(stream_, buffer_, *parser_,
                             beast::bind_front_handler(&Session::OnHeader, shared_from_this()));
@@ -126,7 +231,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void ReadBody() {
     if (parser_->is_done()) return Dispatch();
-    stream_.expires_after(server_.options.idle_timeout);
+    Tcp().expires_after(server_.options.idle_timeout);
     http::async_read(stream_, buffer_, *parser_,
                      beast::bind_front_handler(&Session::OnBody, shared_from_this()));
   }
@@ -226,7 +331,13 @@ class Session : public std::enable_shared_from_this<Session> {
     response_.keep_alive(keep_alive);
     response_.prepare_payload();
     linger_ = linger;
-    stream_.expires_after(server_.options.idle_timeout);
+    Tcp().expires_after(server_.options.idle_timeout);
+    if (plain_) {
+      // The refusal of plain HTTP on the HTTPS port goes out unencrypted, as it came.
+      http::async_write(Tcp(), response_,
+                        beast::bind_front_handler(&Session::OnWritten, shared_from_this()));
+      return;
+    }
     http::async_write(stream_, response_,
                       beast::bind_front_handler(&Session::OnWritten, shared_from_this()));
   }
@@ -240,26 +351,29 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void Linger() {
     beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
-    stream_.expires_after(kLingerTime);
+    Tcp().socket().shutdown(tcp::socket::shutdown_send, ignored);
+    Tcp().expires_after(kLingerTime);
     Drain();
   }
 
+  // Reads and discards what the client still sends; raw bytes, TLS or not, as none is used.
   void Drain() {
-    stream_.async_read_some(asio::buffer(drain_buffer_),
-                            [self = shared_from_this()](beast::error_code error, size_t) {
-                              if (error) return self->Close();
-                              self->Drain();
-                            });
+    Tcp().async_read_some(asio::buffer(drain_buffer_),
+                          [self = shared_from_this()](beast::error_code error, size_t) {
+                            if (error) return self->Close();
+                            self->Drain();
+                          });
   }
 
+  // Without a TLS close_notify: every answer carries its length, so no client reads to the end
+  // of the stream to find where it stops.
   void Close() {
     beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
-    stream_.socket().close(ignored);
+    Tcp().socket().shutdown(tcp::socket::shutdown_both, ignored);
+    Tcp().socket().close(ignored);
   }
 
-  beast::tcp_stream stream_;
+  Stream stream_;
   HttpServer::Impl& server_;
   const uint64_t id_;
   beast::flat_buffer buffer_;
@@ -268,37 +382,44 @@ class Session : public std::enable_shared_from_this<Session> {
   http::response<http::string_body> response_;
   bool idle_ = false;  // waiting for the first byte of a request
   bool linger_ = false;
+  bool plain_ = false;  // plain HTTP on the HTTPS port: answered unencrypted
   char drain_buffer_[4096];
 };
 
 }  // namespace
 
 void HttpServer::Impl::Accept() {
-  acceptor.async_accept(asio::make_strand(ioc),
-                        [this](beast::error_code error, tcp::socket socket) {
-                          if (stopping || !acceptor.is_open()) return;
-                          if (error) {
-                            // Out of file descriptors and the like: try again shortly rather than
-                            // spin.
-                            accept_retry.expires_after(std::chrono::milliseconds(100));
-                            accept_retry.async_wait([this](beast::error_code wait_error) {
-                              if (!wait_error && !stopping) Accept();
-                            });
-                            return;
-                          }
-                          uint64_t id;
-                          {
-                            std::lock_guard lock(mutex);
-                            id = next_session_id++;
-                          }
-                          auto session = std::make_shared<Session>(std::move(socket), *this, id);
-                          Register(id, session);
-                          session->Start();
-                          Accept();
-                        });
+  acceptor.async_accept(
+      asio::make_strand(ioc), [this](beast::error_code error, tcp::socket socket) {
+        if (stopping || !acceptor.is_open()) return;
+        if (error) {
+          // Out of file descriptors and the like: try again shortly rather than
+          // spin.
+          accept_retry.expires_after(std::chrono::milliseconds(100));
+          accept_retry.async_wait([this](beast::error_code wait_error) {
+            if (!wait_error && !stopping) Accept();
+          });
+          return;
+        }
+        uint64_t id;
+        {
+          std::lock_guard lock(mutex);
+          id = next_session_id++;
+        }
+        if (tls) {
+          auto session = std::make_shared<Session<TlsStream>>(std::move(socket), *this, id);
+          Register(id, session);
+          session->Start();
+        } else {
+          auto session = std::make_shared<Session<beast::tcp_stream>>(std::move(socket), *this, id);
+          Register(id, session);
+          session->Start();
+        }
+        Accept();
+      });
 }
 
-void HttpServer::Impl::Register(uint64_t id, const std::shared_ptr<Session>& session) {
+void HttpServer::Impl::Register(uint64_t id, const std::shared_ptr<SessionBase>& session) {
   std::lock_guard lock(mutex);
   sessions.emplace(id, session);
 }
@@ -324,6 +445,15 @@ HttpServer::StartResult HttpServer::Start(const HttpServerOptions& options,
     return result;
   }
   auto impl = std::make_unique<Impl>(options, std::move(handler));
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+    result.error = "HTTPS needs both a certificate and a private key (tls_cert_file, tls_key_file)";
+    return result;
+  }
+  if (!options.tls_cert_file.empty()) {
+    auto context = ServerTlsContext(options.tls_cert_file, options.tls_key_file, result.error);
+    if (!context) return result;
+    impl->tls.emplace(std::move(*context));
+  }
   beast::error_code error;
   const asio::ip::address address = asio::ip::make_address(options.host, error);
   if (error) {
@@ -368,6 +498,10 @@ HttpServer::~HttpServer() {
   Stop();
 }
 
+bool HttpServer::tls() const {
+  return impl_->tls.has_value();
+}
+
 uint16_t HttpServer::port() const {
   return impl_->endpoint.port();
 }
@@ -389,7 +523,7 @@ void HttpServer::Stop() {
     server.acceptor.close(ignored);
     server.accept_retry.cancel();
   });
-  std::vector<std::shared_ptr<Session>> live;
+  std::vector<std::shared_ptr<SessionBase>> live;
   {
     std::lock_guard lock(server.mutex);
     for (const auto& [id, weak] : server.sessions)

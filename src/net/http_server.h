@@ -1,7 +1,8 @@
 #pragma once
 
 // A small HTTP/1.1 server (Boost.Beast underneath, kept out of this header): keep-alive, a request
-// body limit, "Expect: 100-continue", and a graceful stop. Handlers run on the server's io threads
+// body limit, "Expect: 100-continue", a graceful stop, and optionally HTTPS only (TLS 1.2+,
+// OpenSSL). Handlers run on the server's io threads
 // and must not block for long: a handler that waits for news (a long poll) is an async handler
 // that keeps the responder and answers later from any thread.
 
@@ -25,6 +26,11 @@ struct HttpServerOptions {
   std::chrono::milliseconds idle_timeout{std::chrono::seconds(60)};
   // How long Stop() lets requests in progress finish before it closes their connections.
   std::chrono::milliseconds stop_timeout{std::chrono::seconds(5)};
+  // Both set: the server speaks HTTPS only, with this certificate (PEM, the chain after the
+  // server's own) and private key (PEM, unencrypted). A plain HTTP request gets a plain 400 that
+  // says so. One without the other is an error.
+  std::string tls_cert_file;
+  std::string tls_key_file;
 };
 
 class HttpServer {
@@ -44,6 +50,7 @@ class HttpServer {
   uint16_t port() const;
   // "127.0.0.1:41234": the bound address, with the real port.
   std::string address() const;
+  bool tls() const;  // HTTPS only
 
   // Stops accepting, closes idle connections, lets requests in progress be answered (within
   // stop_timeout), then joins the io threads. Idempotent.

@@ -1,11 +1,14 @@
 // The HTTP server and client over real loopback sockets: round trips on port 0, routing, the body
-// limit, keep-alive, "Expect: 100-continue", graceful stop, and client timeouts.
+// limit, keep-alive, "Expect: 100-continue", graceful stop, client timeouts, and HTTPS with
+// certificates the openssl tool makes at test time.
 
 #include "net/http.h"
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
+#include <filesystem>
 #include <future>
 #include <mutex>
 #include <string>
@@ -420,8 +423,8 @@ TEST(HttpClient, ReportsRefusedConnectionsAndBadUrls) {
   EXPECT_FALSE(refused.ok());
   EXPECT_NE(refused.error.find("connect: Connection refused"), std::string::npos) << refused.error;
 
-  HttpResult https = HttpGet("https://127.0.0.1/");
-  EXPECT_EQ(https.error, "'https://127.0.0.1/' is not an http:// URL");
+  HttpResult ftp = HttpGet("ftp://127.0.0.1/");
+  EXPECT_EQ(ftp.error, "'ftp://127.0.0.1/' is not an http:// or https:// URL");
   HttpResult bad_port = HttpGet("http://127.0.0.1:99999/");
   EXPECT_EQ(bad_port.error, "'http://127.0.0.1:99999/': bad port '99999'");
 }
@@ -440,7 +443,177 @@ TEST(HttpUrl, Parses) {
   url = ParseHttpUrl("http://node-a", error);
   ASSERT_TRUE(url);
   EXPECT_EQ(url->port, 80);
+  EXPECT_FALSE(url->tls);
+  url = ParseHttpUrl("https://control.example/api", error);
+  ASSERT_TRUE(url);
+  EXPECT_TRUE(url->tls);
+  EXPECT_EQ(url->host, "control.example");
+  EXPECT_EQ(url->port, 443);
+  EXPECT_EQ(url->target, "/api");
+  url = ParseHttpUrl("https://127.0.0.1:8443", error);
+  ASSERT_TRUE(url);
+  EXPECT_EQ(url->port, 8443);
   EXPECT_FALSE(ParseHttpUrl("http://:80/", error));
+  EXPECT_FALSE(ParseHttpUrl("ftp://node-a/", error));
+}
+
+// ---- HTTPS ------------------------------------------------------------------------------------
+
+namespace fs = std::filesystem;
+
+// Self-signed certificates made with the openssl tool (Debian's `openssl`, installed by
+// scripts/deps.sh) in a fresh directory, so no key is ever checked in.
+class HttpsTest : public ::testing::Test {
+ protected:
+  struct Pem {
+    std::string cert;
+    std::string key;
+  };
+
+  void SetUp() override {
+    ASSERT_EQ(std::system("command -v openssl >/dev/null 2>&1"), 0)
+        << "the openssl command-line tool is missing: install Debian's openssl (make deps)";
+    dir_ = fs::temp_directory_path() /
+           ("gpufleet-tls-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // A P-256 key and a self-signed certificate naming `names` ("IP:127.0.0.1,DNS:localhost").
+  Pem Make(const std::string& name, const std::string& names) {
+    Pem pem{(dir_ / (name + ".crt")).string(), (dir_ / (name + ".key")).string()};
+    const std::string command =
+        "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 "
+        "-subj /CN=gpufleet-test -addext subjectAltName=" +
+        names + " -keyout " + pem.key + " -out " + pem.cert + " >" +
+        (dir_ / "openssl.log").string() + " 2>&1";
+    EXPECT_EQ(std::system(command.c_str()), 0) << command;
+    return pem;
+  }
+
+  std::unique_ptr<HttpServer> StartHttps(const Pem& pem) {
+    HttpServerOptions options;
+    options.tls_cert_file = pem.cert;
+    options.tls_key_file = pem.key;
+    return StartServer(Handler(EchoRouter()), options);
+  }
+
+  static std::string HttpsUrl(const HttpServer& server, const std::string& host,
+                              const std::string& target) {
+    return "https://" + host + ":" + std::to_string(server.port()) + target;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(HttpsTest, RoundTripOnLoopback) {
+  const Pem pem = Make("server", "IP:127.0.0.1,DNS:localhost");
+  auto server = StartHttps(pem);
+  ASSERT_TRUE(server);
+  EXPECT_TRUE(server->tls());
+  HttpCallOptions options;
+  options.ca_file = pem.cert;
+  HttpResult hello = HttpCall("GET", HttpsUrl(*server, "127.0.0.1", "/hello?name=tls"), options);
+  ASSERT_TRUE(hello.ok()) << hello.error;
+  EXPECT_EQ(hello.response->status, 200);
+  EXPECT_EQ(hello.response->body, "hello tls");
+
+  // By DNS name too (verified against the certificate's DNS name, sent as SNI), with a body.
+  options.body = std::string(100000, 'b');
+  HttpResult echo = HttpCall("POST", HttpsUrl(*server, "localhost", "/echo"), options);
+  ASSERT_TRUE(echo.ok()) << echo.error;
+  EXPECT_EQ(echo.response->body, options.body);
+  EXPECT_EQ(echo.response->Header("X-Method"), "POST");
+}
+
+TEST_F(HttpsTest, RefusesACertificateFromAnUnknownCa) {
+  const Pem pem = Make("server", "IP:127.0.0.1");
+  const Pem stranger = Make("stranger", "IP:127.0.0.1");
+  auto server = StartHttps(pem);
+  ASSERT_TRUE(server);
+  HttpCallOptions options;
+  options.ca_file = stranger.cert;
+  HttpResult refused = HttpCall("GET", HttpsUrl(*server, "127.0.0.1", "/hello"), options);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_NE(refused.error.find("TLS handshake: certificate verify failed"), std::string::npos)
+      << refused.error;
+  EXPECT_NE(refused.error.find("self-signed certificate"), std::string::npos) << refused.error;
+  // The system's CAs do not know it either.
+  HttpResult system = HttpCall("GET", HttpsUrl(*server, "127.0.0.1", "/hello"), HttpCallOptions{});
+  EXPECT_FALSE(system.ok());
+  EXPECT_NE(system.error.find("certificate verify failed"), std::string::npos) << system.error;
+  // The server carries on with clients that trust it.
+  options.ca_file = pem.cert;
+  HttpResult good = HttpCall("GET", HttpsUrl(*server, "127.0.0.1", "/hello"), options);
+  EXPECT_TRUE(good.ok()) << good.error;
+}
+
+TEST_F(HttpsTest, RefusesACertificateForAnotherHost) {
+  const Pem pem = Make("server", "DNS:other.example,IP:10.9.8.7");
+  auto server = StartHttps(pem);
+  ASSERT_TRUE(server);
+  HttpCallOptions options;
+  options.ca_file = pem.cert;
+  HttpResult by_ip = HttpCall("GET", HttpsUrl(*server, "127.0.0.1", "/hello"), options);
+  EXPECT_FALSE(by_ip.ok());
+  EXPECT_NE(by_ip.error.find("IP address mismatch"), std::string::npos) << by_ip.error;
+  HttpResult by_name = HttpCall("GET", HttpsUrl(*server, "localhost", "/hello"), options);
+  EXPECT_FALSE(by_name.ok());
+  EXPECT_NE(by_name.error.find("hostname mismatch"), std::string::npos) << by_name.error;
+}
+
+TEST_F(HttpsTest, PlainHttpToTheHttpsPortGetsAPlainRefusal) {
+  const Pem pem = Make("server", "IP:127.0.0.1");
+  auto server = StartHttps(pem);
+  ASSERT_TRUE(server);
+  HttpResult plain = HttpGet(Url(*server, "/hello"), 5s);
+  ASSERT_TRUE(plain.ok()) << plain.error;
+  EXPECT_EQ(plain.response->status, 400);
+  EXPECT_NE(plain.response->body.find("speaks HTTPS only"), std::string::npos)
+      << plain.response->body;
+  // Any first byte but a TLS handshake's gets the same answer, and the connection is closed.
+  RawConnection raw(server->port());
+  ASSERT_TRUE(raw.connected());
+  raw.Send(std::string("\x01\x02\x03\x04\x05\x06\x07\x08", 8) + "\r\n\r\n");
+  EXPECT_EQ(raw.ReadResponse().rfind("HTTP/1.1 400 ", 0), 0u);
+  EXPECT_TRUE(raw.ClosedByPeer());
+  // And HTTPS to a plain HTTP server fails the handshake instead of hanging.
+  auto plain_server = StartServer(Handler(EchoRouter()));
+  HttpCallOptions options;
+  options.ca_file = pem.cert;
+  options.timeout = 5s;
+  HttpResult mismatch = HttpCall("GET", HttpsUrl(*plain_server, "127.0.0.1", "/hello"), options);
+  EXPECT_FALSE(mismatch.ok());
+  EXPECT_NE(mismatch.error.find("TLS handshake"), std::string::npos) << mismatch.error;
+  // The HTTPS server still serves.
+  HttpResult good = HttpCall("GET", HttpsUrl(*server, "127.0.0.1", "/hello"), options);
+  EXPECT_TRUE(good.ok()) << good.error;
+}
+
+TEST_F(HttpsTest, UnusableCertificatesAreStartErrors) {
+  const Pem pem = Make("server", "IP:127.0.0.1");
+  const Pem other = Make("other", "IP:127.0.0.1");
+  auto start_error = [](const std::string& cert, const std::string& key) {
+    HttpServerOptions options;
+    options.tls_cert_file = cert;
+    options.tls_key_file = key;
+    auto started =
+        HttpServer::Start(options, [](const HttpRequest&) { return HttpResponse::Text(200, ""); });
+    EXPECT_FALSE(started.server);
+    return started.error;
+  };
+  EXPECT_NE(start_error(pem.cert, "").find("both a certificate and a private key"),
+            std::string::npos);
+  const std::string missing = (dir_ / "missing.crt").string();
+  EXPECT_NE(start_error(missing, pem.key).find("TLS certificate '" + missing + "'"),
+            std::string::npos)
+      << start_error(missing, pem.key);
+  EXPECT_NE(start_error(pem.key, pem.key).find("TLS certificate"), std::string::npos);
+  EXPECT_NE(start_error(pem.cert, other.key).find("does not belong to the certificate"),
+            std::string::npos)
+      << start_error(pem.cert, other.key);
 }
 
 TEST(HttpTarget, SplitsAndDecodes) {
