@@ -32,29 +32,6 @@ using executor_internal::WallClockMs;
 // A log request never returns more than this (the tail of the output).
 constexpr int64_t kMaxLogBytes = int64_t{8} << 20;
 
-std::string_view Trim(std::string_view text) {
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front())))
-    text.remove_prefix(1);
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back())))
-    text.remove_suffix(1);
-  return text;
-}
-
-// A non-negative decimal number followed by a unit; nothing when malformed.
-std::optional<std::pair<double, std::string_view>> SplitNumber(std::string_view text) {
-  text = Trim(text);
-  size_t end = 0;
-  while (end < text.size() &&
-         (std::isdigit(static_cast<unsigned char>(text[end])) || text[end] == '.'))
-    ++end;
-  if (end == 0) return std::nullopt;
-  double value = 0;
-  auto [stop, status] = std::from_chars(text.data(), text.data() + end, value);
-  if (status != std::errc() || stop != text.data() + end || !std::isfinite(value) || value < 0)
-    return std::nullopt;
-  return std::pair{value, Trim(text.substr(end))};
-}
-
 std::string Timestamp() {
   const std::time_t now = std::time(nullptr);
   std::tm utc{};
@@ -148,59 +125,6 @@ std::string LastLines(const std::string& text, int64_t lines) {
 }
 
 }  // namespace
-
-std::optional<MiB> ParseMemoryMib(std::string_view text) {
-  auto parsed = SplitNumber(text);
-  if (!parsed) return std::nullopt;
-  const auto [value, unit] = *parsed;
-  double mib;
-  if (unit.empty() || unit == "Mi" || unit == "MiB")
-    mib = value;
-  else if (unit == "Gi" || unit == "GiB")
-    mib = value * 1024;
-  else if (unit == "Ti" || unit == "TiB")
-    mib = value * 1024 * 1024;
-  else if (unit == "Ki" || unit == "KiB")
-    mib = value / 1024;
-  else
-    return std::nullopt;
-  if (mib > 1e15) return std::nullopt;
-  return static_cast<MiB>(std::ceil(mib));  // a limit below one MiB still limits
-}
-
-std::optional<MilliCpu> ParseCpuMilli(std::string_view text) {
-  auto parsed = SplitNumber(text);
-  if (!parsed) return std::nullopt;
-  const auto [value, unit] = *parsed;
-  double milli;
-  if (unit.empty())
-    milli = value * 1000;
-  else if (unit == "m")
-    milli = value;
-  else
-    return std::nullopt;
-  if (milli > 1e12) return std::nullopt;
-  return static_cast<MilliCpu>(std::llround(milli));
-}
-
-std::optional<TimeMs> ParseDurationMs(std::string_view text) {
-  auto parsed = SplitNumber(text);
-  if (!parsed) return std::nullopt;
-  const auto [value, unit] = *parsed;
-  double ms;
-  if (unit.empty() || unit == "s")
-    ms = value * 1000;
-  else if (unit == "ms")
-    ms = value;
-  else if (unit == "m" || unit == "min")
-    ms = value * 60'000;
-  else if (unit == "h")
-    ms = value * 3'600'000;
-  else
-    return std::nullopt;
-  if (ms > 1e15) return std::nullopt;
-  return static_cast<TimeMs>(std::llround(ms));
-}
 
 std::string SignalName(int32_t signal) {
   const char* abbreviation = ::sigabbrev_np(signal);
@@ -827,6 +751,7 @@ AgentResult<WorkloadView> AgentCore::Launch(const LaunchRequest& request) {
   spec.memory_mib = request.memory_mib;
   spec.grace_period = request.grace_period_ms;
   spec.max_runtime = request.max_runtime_ms;
+  spec.logs = state.options.workload_logs;
 
   auto launched = state.executor->Launch(spec);
   std::lock_guard lock(state.mutex);
@@ -915,6 +840,38 @@ AgentResult<std::string> AgentCore::Logs(const std::string& id, std::string_view
   }
   if (tail_lines) return LastLines(text, *tail_lines);
   return text;
+}
+
+AgentResult<LogChunk> AgentCore::LogsFrom(const std::string& id, std::string_view stream,
+                                          int64_t offset, int64_t max_bytes) const {
+  if (stream != "stdout" && stream != "stderr")
+    return AgentError{AgentErrorKind::kBadRequest,
+                      fmt::format("unknown log stream '{}' (stdout or stderr)", stream)};
+  if (offset < 0) return AgentError{AgentErrorKind::kBadRequest, "offset must not be negative"};
+  // The state is read before the files: a workload that had ended then has all its output in
+  // them (the shim drains its pipes before recording the end), so "finished" is never early.
+  auto view = Get(id);
+  if (!view.ok()) return view.error();
+  const WorkloadStatus& status = view.value().status;
+  const bool ended = status.Finished() || status.state == WorkloadState::kLost;
+  const std::string live = stream == "stdout" ? status.stdout_log : status.stderr_log;
+  LogChunk chunk;
+  if (live.empty()) {
+    chunk.offset = chunk.next_offset = offset;
+    chunk.finished = ended;
+    return chunk;
+  }
+  // Without a readable spec the default keeps at most this many rotated files; probing further
+  // stops at the first missing one anyway.
+  const int32_t keep =
+      view.value().spec.id.empty() ? LogLimits{}.keep_files : view.value().spec.logs.keep_files;
+  LogRange range = ReadLogRange(live, keep, offset, std::min(max_bytes, kMaxLogChunkBytes));
+  chunk.data = std::move(range.data);
+  chunk.offset = range.offset;
+  chunk.next_offset = range.next_offset;
+  chunk.skipped = range.skipped;
+  chunk.finished = ended && range.next_offset >= range.end;
+  return chunk;
 }
 
 std::optional<AgentError> AgentCore::Forget(const std::string& id) {

@@ -21,6 +21,7 @@
 #include "agent/gpu_health.h"
 #include "agent/sim_gpu_backend.h"
 #include "agent/workload.h"
+#include "core/quantity.h"
 #include "core/types.h"
 
 namespace gpufleet::agent {
@@ -42,6 +43,8 @@ struct AgentOptions {
   CgroupMode cgroup_mode = CgroupMode::kAuto;
   GpuHealthConfig health;
   uint64_t sim_seed = 1;
+  // How each workload's stdout and stderr are rotated (tests use small files).
+  LogLimits workload_logs;
   // Where events (health changes, launches, exits) are reported; default: stderr with a time.
   std::function<void(const std::string&)> log;
 };
@@ -102,6 +105,17 @@ struct GpuView {
   std::vector<std::string> job_ids;       // their jobs, the gpufleet_gpu_job label
 };
 
+// A stretch of a workload's output, by byte offsets over everything it wrote.
+struct LogChunk {
+  std::string data;
+  int64_t offset = 0;       // where data starts: the asked offset, or the oldest byte still kept
+  int64_t next_offset = 0;  // where to read on from
+  int64_t skipped = 0;      // bytes from the asked offset that were rotated away
+  bool finished = false;    // the workload ended and this reached its end: nothing more comes
+};
+
+inline constexpr int64_t kMaxLogChunkBytes = int64_t{1} << 20;
+
 struct AgentSnapshot {
   std::string hostname;
   std::string backend;
@@ -111,12 +125,9 @@ struct AgentSnapshot {
   TimeMs last_sample_ms = 0;  // wall clock of the latest sampling cycle
 };
 
-// "512Mi", "2Gi", "1024" (MiB), "1.5Gi"; nothing when malformed.
-std::optional<MiB> ParseMemoryMib(std::string_view text);
-// "0.5" (cores), "500m", "2"; nothing when malformed.
-std::optional<MilliCpu> ParseCpuMilli(std::string_view text);
-// "30s", "500ms", "2m", "1h", "1.5s", "10" (seconds); nothing when malformed.
-std::optional<TimeMs> ParseDurationMs(std::string_view text);
+using gpufleet::ParseCpuMilli;
+using gpufleet::ParseDurationMs;
+using gpufleet::ParseMemoryMib;
 // "SIGTERM" for 15; "signal 99" for numbers it does not know.
 std::string SignalName(int32_t signal);
 
@@ -163,6 +174,11 @@ class AgentCore {
   // files included, at most the last 8 MiB.
   AgentResult<std::string> Logs(const std::string& id, std::string_view stream,
                                 std::optional<int64_t> tail_lines) const;
+  // Up to `max_bytes` of a workload's stdout or stderr from byte `offset`, offsets counting
+  // every byte it wrote across log rotation; an offset older than the files kept starts at the
+  // oldest kept byte (LogChunk::skipped says how many were lost).
+  AgentResult<LogChunk> LogsFrom(const std::string& id, std::string_view stream, int64_t offset,
+                                 int64_t max_bytes = kMaxLogChunkBytes) const;
   // Deletes a finished workload's directory (logs included).
   std::optional<AgentError> Forget(const std::string& id);
   // Applies a simulated fault (kConflict unless the backend is sim), samples at once and

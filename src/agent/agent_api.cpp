@@ -228,6 +228,14 @@ net::HttpResponse HandleHealth(const AgentCore& core, const AgentApiOptions& opt
   json["backend"] = snapshot.backend;
   json["driver_version"] = snapshot.driver_version;
   json["standalone"] = options.standalone;
+  if (options.control_loop) {
+    const ControlLoopStatus loop = options.control_loop->Status();
+    json["control_plane"] = {{"server", options.control_loop->options().server_url},
+                             {"connected", loop.connected},
+                             {"last_sync_ms", loop.last_sync_ms},
+                             {"known_version", loop.known_version},
+                             {"error", loop.last_error}};
+  }
   json["gpus"] = snapshot.gpus.size();
   json["healthy_gpus"] = snapshot.gpus.size() - unhealthy.size();
   json["unhealthy_gpus"] = std::move(unhealthy);
@@ -252,17 +260,37 @@ net::HttpResponse HandleGpus(const AgentCore& core) {
   return JsonResponse(200, json);
 }
 
+// A non-negative integer query parameter; nothing when absent, an error response when bad.
+std::optional<int64_t> CountParam(const net::HttpRequest& request, const std::string& name,
+                                  std::optional<net::HttpResponse>& refusal) {
+  auto text = request.Query(name);
+  if (!text) return std::nullopt;
+  int64_t value = 0;
+  auto [end, status] = std::from_chars(text->data(), text->data() + text->size(), value);
+  if (text->empty() || status != std::errc() || end != text->data() + text->size() || value < 0)
+    refusal = net::HttpResponse::Error(
+        400, fmt::format("{} must be a non-negative integer, not '{}'", name, *text));
+  return value;
+}
+
 net::HttpResponse HandleLogs(const AgentCore& core, const net::HttpRequest& request) {
-  std::optional<int64_t> tail;
-  if (auto text = request.Query("tail")) {
-    int64_t lines = 0;
-    auto [end, status] = std::from_chars(text->data(), text->data() + text->size(), lines);
-    if (status != std::errc() || end != text->data() + text->size() || lines < 0)
-      return net::HttpResponse::Error(
-          400, fmt::format("tail must be a non-negative number of lines, not '{}'", *text));
-    tail = lines;
-  }
+  std::optional<net::HttpResponse> refusal;
+  const std::optional<int64_t> tail = CountParam(request, "tail", refusal);
+  const std::optional<int64_t> offset = CountParam(request, "offset", refusal);
+  if (refusal) return *refusal;
+  if (tail && offset) return net::HttpResponse::Error(400, "give tail or offset, not both");
   const std::string stream = request.Query("stream").value_or("stdout");
+  if (offset) {
+    // Offsets (docs/api.md, Logs): what the server proxies for `gpufleet logs -f`.
+    auto chunk = core.LogsFrom(request.PathParam("id"), stream, *offset);
+    if (!chunk.ok()) return ErrorResponse(chunk.error());
+    net::HttpResponse response = net::HttpResponse::Text(200, std::move(chunk.value().data));
+    response.headers.emplace_back("X-Log-Next-Offset", std::to_string(chunk.value().next_offset));
+    response.headers.emplace_back("X-Log-Finished", chunk.value().finished ? "true" : "false");
+    if (chunk.value().skipped > 0)
+      response.headers.emplace_back("X-Log-Skipped", std::to_string(chunk.value().skipped));
+    return response;
+  }
   auto logs = core.Logs(request.PathParam("id"), stream, tail);
   if (!logs.ok()) return ErrorResponse(logs.error());
   return net::HttpResponse::Text(200, std::move(logs).value());

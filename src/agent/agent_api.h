@@ -10,7 +10,8 @@
 //   GET  /v1/workloads                         all workloads
 //   GET  /v1/workloads/{id}                    one workload
 //   POST /v1/workloads/{id}/cancel             {grace} optional
-//   GET  /v1/workloads/{id}/logs               ?stream=stdout|stderr&tail=N
+//   GET  /v1/workloads/{id}/logs               ?stream=stdout|stderr&tail=N, or &offset=N
+//                                              (X-Log-Next-Offset, X-Log-Finished, X-Log-Skipped)
 //   POST /v1/sim/faults                        {gpu, kind, code}; simulated GPUs only (else 409)
 
 #include <cstdint>
@@ -19,12 +20,15 @@
 #include <string_view>
 
 #include "agent/agent.h"
+#include "agent/control_loop.h"
 #include "net/http.h"
 
 namespace gpufleet::agent {
 
 struct AgentApiOptions {
-  bool standalone = true;  // no control plane yet; reported by /healthz
+  bool standalone = true;  // no control plane; reported by /healthz
+  // When it syncs with a server: /healthz shows the loop's state under "control_plane".
+  const ControlLoop* control_loop = nullptr;
 };
 
 net::Router MakeAgentRouter(AgentCore& core, AgentApiOptions options = {});

@@ -1,7 +1,10 @@
 #pragma once
 
 // Size-rotated log files for workload output: stdout.log, then stdout.log.1 (newest rotated) up to
-// stdout.log.<keep_files> (oldest); older ones are deleted.
+// stdout.log.<keep_files> (oldest); older ones are deleted. Output is addressed by offsets that
+// count every byte ever written, across rotations: the writer keeps a small record
+// (stdout.log.offset) of where the live file starts, so a reader can tell which files hold an
+// offset and how many bytes were deleted (ReadLogRange).
 
 #include <cstdint>
 #include <optional>
@@ -42,10 +45,16 @@ class RotatingLogFile {
 
   // "<path>.<index>", index 1 being the newest rotated file.
   static std::string RotatedPath(const std::string& path, int32_t index);
+  // "<path>.offset": "<generation> <offset of the live file's first byte>". Absent until the
+  // first rotation (the live file starts at 0). The generation is odd while a rotation renames
+  // files, so a reader that sees the same even generation before and after opening the files
+  // knows it saw one consistent set.
+  static std::string OffsetRecordPath(const std::string& path);
 
  private:
   std::optional<std::string> Append(std::string_view data);
   std::optional<std::string> Rotate();
+  void WriteOffsetRecord();
 
   std::string path_;
   LogLimits limits_;
@@ -53,6 +62,23 @@ class RotatingLogFile {
   int64_t size_ = 0;  // of the live file
   int64_t bytes_written_ = 0;
   int64_t bytes_dropped_ = 0;
+  uint64_t generation_ = 0;  // of the offset record
+  int64_t live_start_ = 0;   // offset of the live file's first byte
 };
+
+// A stretch of a rotated log, by offsets over everything written to it.
+struct LogRange {
+  std::string data;
+  int64_t offset = 0;       // where `data` starts (the asked offset, or the oldest kept byte)
+  int64_t next_offset = 0;  // offset + data.size(): where to read on from
+  int64_t skipped = 0;      // bytes between the asked offset and `offset` that were rotated away
+  int64_t end = 0;          // everything written so far
+};
+
+// Reads up to `max_bytes` from `offset` of the log whose live file is `path`, rotated files
+// <path>.1 ... <path>.<keep_files> included; safe while the shim writes and rotates it. An offset
+// past the end gives no data and next_offset == offset. A missing log reads as empty.
+LogRange ReadLogRange(const std::string& path, int32_t keep_files, int64_t offset,
+                      int64_t max_bytes);
 
 }  // namespace gpufleet::agent

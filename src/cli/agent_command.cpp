@@ -1,11 +1,14 @@
 #include "cli/agent_command.h"
 
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <string_view>
 
@@ -19,6 +22,7 @@
 
 #include "agent/agent.h"
 #include "agent/agent_api.h"
+#include "agent/control_loop.h"
 #include "agent/shim.h"
 #include "core/version.h"
 #include "net/http_client.h"
@@ -110,6 +114,38 @@ std::string FormatInterval(TimeMs ms) {
   return ms % 1000 == 0 ? fmt::format("{}s", ms / 1000) : fmt::format("{}ms", ms);
 }
 
+bool IsWildcard(std::string_view host) {
+  return host.empty() || host == "0.0.0.0" || host == "::";
+}
+
+bool IsLoopback(std::string_view host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+// The token for --server: --token, else the first line of --token-file, else $GPUFLEET_TOKEN.
+std::optional<std::string> ResolveToken(const AgentArgs& args, std::string& error) {
+  if (!args.token.empty()) return args.token;
+  if (!args.token_file.empty()) {
+    std::ifstream file(args.token_file);
+    if (!file) {
+      error = fmt::format("--token-file '{}': {}", args.token_file, std::strerror(errno));
+      return std::nullopt;
+    }
+    std::string token;
+    std::getline(file, token);
+    while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back())))
+      token.pop_back();
+    if (token.empty()) {
+      error = fmt::format("--token-file '{}' is empty", args.token_file);
+      return std::nullopt;
+    }
+    return token;
+  }
+  if (const char* env = std::getenv("GPUFLEET_TOKEN"); env && *env) return std::string(env);
+  error = "--server needs the agent's token: --token, --token-file or $GPUFLEET_TOKEN";
+  return std::nullopt;
+}
+
 int RunDaemon(const AgentArgs& args) {
   auto options = CoreOptions(args);
   if (!options) return kExitUsage;
@@ -118,6 +154,24 @@ int RunDaemon(const AgentArgs& args) {
   if (!listen) {
     fmt::print(stderr, "error: {}\n", error);
     return kExitUsage;
+  }
+  const bool managed = !args.server.empty();
+  if (managed && args.standalone) {
+    fmt::print(stderr, "error: --standalone and --server contradict each other: pick one\n");
+    return kExitUsage;
+  }
+  std::string token;
+  if (managed) {
+    auto resolved = ResolveToken(args, error);
+    if (!resolved) {
+      fmt::print(stderr, "error: {}\n", error);
+      return kExitUsage;
+    }
+    token = std::move(*resolved);
+    if (!net::ParseHttpUrl(args.server, error)) {
+      fmt::print(stderr, "error: --server: {}\n", error);
+      return kExitUsage;
+    }
   }
   const sigset_t stop_signals = BlockStopSignals();
 
@@ -133,8 +187,27 @@ int RunDaemon(const AgentArgs& args) {
   server_options.port = listen->port;
   // Launches wait for the shim (tens of ms): extra threads keep scrapes from waiting behind them.
   server_options.io_threads = 4;
+  // The loop exists before the router (which shows its state in /healthz); it starts once the
+  // port is known.
+  std::unique_ptr<agent::ControlLoop> loop;
   agent::AgentApiOptions api_options;
-  api_options.standalone = true;  // no control plane exists yet, with or without --standalone
+  api_options.standalone = !managed;
+  agent::ControlLoopOptions loop_options;
+  if (managed) {
+    loop_options.server_url = args.server;
+    loop_options.token = token;
+    loop_options.ca_file = args.ca_file;
+    loop_options.node_name = args.hostname;
+    // The address other nodes reach this one at: --address, else the listen address when it is
+    // a specific one.
+    loop_options.address = !args.address.empty()       ? args.address
+                           : !IsWildcard(listen->host) ? listen->host
+                                                       : std::string("127.0.0.1");
+    loop_options.rack = args.rack;
+    loop_options.spine = args.spine;
+    loop = std::make_unique<agent::ControlLoop>(*core, loop_options);
+    api_options.control_loop = loop.get();
+  }
   net::Router router = agent::MakeAgentRouter(*core, api_options);
   auto started = net::HttpServer::Start(server_options, [&router](const net::HttpRequest& request) {
     return router.Handle(request);
@@ -145,14 +218,38 @@ int RunDaemon(const AgentArgs& args) {
   }
   std::unique_ptr<net::HttpServer> server = std::move(started.server);
 
+  std::string mode = "standalone (no control plane)";
+  if (loop) {
+    // The server reads logs through this URL, which names the port only now known.
+    loop->set_agent_url(fmt::format("http://{}:{}",
+                                    IsWildcard(listen->host) ? loop_options.address : listen->host,
+                                    server->port()));
+    if (auto loop_error = loop->Start()) {
+      fmt::print(stderr, "error: {}\n", *loop_error);
+      return kExitUsage;
+    }
+    mode = fmt::format("syncing with {} as node {} (address {}, agent URL {})", args.server,
+                       args.hostname.empty() ? core->hostname() : args.hostname,
+                       loop_options.address, loop->options().agent_url);
+  }
+
   // One line that says what this agent is; scripts read the address from it.
   fmt::print(
       "gpufleet agent {}: backend {}, {}, listening on http://{}, data dir {}, sampling "
-      "every {}, standalone (no control plane yet)\n",
+      "every {}, {}\n",
       kVersion, BackendDescription(*core), core->DescribeGpus(), server->address(),
-      core->data_dir(), FormatInterval(core->sample_interval_ms()));
+      core->data_dir(), FormatInterval(core->sample_interval_ms()), mode);
   for (const std::string& note : core->startup_notes())
     fmt::print("  {}\n", note);
+  if (loop && IsLoopback(loop_options.address)) {
+    std::string server_error;
+    auto server_url = net::ParseHttpUrl(args.server, server_error);
+    if (server_url && !IsLoopback(server_url->host))
+      fmt::print(
+          "  warning: this node advertises address {}, which other nodes cannot reach "
+          "(multi-node jobs get it as MASTER_ADDR); pass --address\n",
+          loop_options.address);
+  }
   std::fflush(stdout);
 
   int signal_number = 0;
@@ -165,8 +262,10 @@ int RunDaemon(const AgentArgs& args) {
              "gpufleet agent: {} received, stopping; {} workload(s) keep running under their "
              "shims (an agent started over {} re-adopts them)\n",
              agent::SignalName(signal_number), running, core->data_dir());
+  if (loop) loop->Stop();
   server->Stop();
   server.reset();
+  loop.reset();
   core.reset();
   return 0;
 }
@@ -513,7 +612,20 @@ CLI::App* AddAgentCommand(CLI::App& app, AgentArgs& args) {
       "agent",
       "Run the node agent: GPU discovery, telemetry (/metrics), health and workload execution");
   agent->add_flag("--standalone", args.standalone,
-                  "Run without a control plane (the only mode until the server exists)");
+                  "Run without a control plane (the default without --server)");
+  agent->add_option("--server", args.server,
+                    "The control plane's URL (http://HOST:PORT): sync with it and run its tasks");
+  agent->add_option("--token", args.token,
+                    "The agent token for --server (else --token-file or $GPUFLEET_TOKEN)");
+  agent->add_option("--token-file", args.token_file, "A file whose first line is the token");
+  agent->add_option("--ca-file", args.ca_file,
+                    "PEM CA that signed an https:// --server's certificate (default: the "
+                    "system's CAs)");
+  agent->add_option("--address", args.address,
+                    "The IP other nodes reach this one at (MASTER_ADDR; default: the --listen "
+                    "host, or 127.0.0.1)");
+  agent->add_option("--rack", args.rack, "This node's rack (leaf switch), for placement");
+  agent->add_option("--spine", args.spine, "This node's spine switch, for placement");
   agent->add_option("--listen", args.listen, "HTTP API address (port 0: any free port)")
       ->capture_default_str();
   agent->add_option("--interval", args.interval, "GPU sampling interval")->capture_default_str();

@@ -21,6 +21,14 @@ struct AgentArgs {
   std::string interval = "1s";
   std::string hostname;
   std::string cgroups = "auto";
+  // The control plane (daemon only): without --server the agent is standalone.
+  std::string server;
+  std::string token;  // else --token-file, else $GPUFLEET_TOKEN
+  std::string token_file;
+  std::string ca_file;  // trusted CA for an https:// --server; empty: the system's
+  std::string address;  // advertised to the server (MASTER_ADDR); default from --listen
+  std::string rack;
+  std::string spine;
 
   // agent run
   int32_t gpus = 0;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -391,6 +392,86 @@ TEST_F(AgentDaemonTest, LogsListAndEnvironment) {
   EXPECT_EQ(list["workloads"][0]["id"], "printer");
   EXPECT_EQ(list["workloads"][0]["gpus"], Json::array({6, 2}));
   EXPECT_EQ(Post("/v1/workloads", R"({"id": "printer", "argv": ["true"]})").status, 409);
+}
+
+TEST_F(AgentDaemonTest, LogsByOffsetCountEveryByteAcrossRotation) {
+  AgentOptions options = SimOptions();
+  options.workload_logs = {1000, 2};
+  ASSERT_NO_FATAL_FAILURE(StartAgent(options));
+  ASSERT_EQ(Post("/v1/workloads", R"({"id": "rotating", "argv": ["sh", "-c",
+      "i=0; while [ $i -lt 500 ]; do printf 'line %013d\\n' $i; i=$((i+1)); done"]})")
+                .status,
+            201);
+  ASSERT_EQ(WaitFinished("rotating")["exit_code"], 0);
+  std::string all;
+  for (int line = 0; line < 500; ++line)
+    all += fmt::format("line {:013}\n", line);
+  const std::string size = std::to_string(all.size());
+
+  // 19-byte lines, rotated every 1000 bytes (52 lines), two rotated files kept: the live file
+  // and those hold the lines from 364 on; the 364 before are gone.
+  net::HttpClientResponse from_start = Get("/v1/workloads/rotating/logs?offset=0");
+  ASSERT_EQ(from_start.status, 200);
+  EXPECT_EQ(from_start.Header("X-Log-Skipped"), std::to_string(364 * 19));
+  EXPECT_EQ(from_start.body, all.substr(364 * 19));
+  EXPECT_EQ(from_start.Header("X-Log-Next-Offset"), size);
+  EXPECT_EQ(from_start.Header("X-Log-Finished"), "true");
+
+  // Any offset still kept reads exactly those bytes, whichever file they are in.
+  for (size_t offset : {size_t{364 * 19}, size_t{7000}, all.size() - 1000, all.size() - 7}) {
+    net::HttpClientResponse part =
+        Get("/v1/workloads/rotating/logs?offset=" + std::to_string(offset));
+    EXPECT_EQ(part.body, all.substr(offset)) << offset;
+    EXPECT_EQ(part.Header("X-Log-Skipped"), "") << offset;
+    EXPECT_EQ(part.Header("X-Log-Next-Offset"), size);
+  }
+  net::HttpClientResponse past = Get("/v1/workloads/rotating/logs?offset=20000");
+  EXPECT_EQ(past.body, "");
+  EXPECT_EQ(past.Header("X-Log-Next-Offset"), "20000");
+  EXPECT_EQ(past.Header("X-Log-Finished"), "true");
+  net::HttpClientResponse errors = Get("/v1/workloads/rotating/logs?offset=0&stream=stderr");
+  EXPECT_EQ(errors.body, "");
+  EXPECT_EQ(errors.Header("X-Log-Next-Offset"), "0");
+  EXPECT_EQ(errors.Header("X-Log-Finished"), "true");
+  // Without an offset: the tail as before.
+  EXPECT_EQ(Get("/v1/workloads/rotating/logs?tail=1").body, "line 0000000000499\n");
+
+  EXPECT_EQ(Get("/v1/workloads/rotating/logs?offset=-1").status, 400);
+  EXPECT_EQ(Get("/v1/workloads/rotating/logs?offset=ten").status, 400);
+  EXPECT_EQ(Get("/v1/workloads/rotating/logs?offset=0&tail=3").status, 400);
+  EXPECT_EQ(Get("/v1/workloads/ghost/logs?offset=0").status, 404);
+}
+
+TEST_F(AgentDaemonTest, LogsByOffsetFollowARunningWorkloadInChunksOfAtMostOneMebibyte) {
+  ASSERT_NO_FATAL_FAILURE(StartAgent(SimOptions()));
+  const std::string go = (root_ / "go").string();
+  Json body = {{"id", "follower"},
+               {"argv",
+                {"sh", "-c",
+                 "echo first; while [ ! -e '" + go +
+                     "' ]; do sleep 0.02; done; head -c 1572864 /dev/zero | tr '\\0' x"}}};
+  ASSERT_EQ(Post("/v1/workloads", body.dump()).status, 201);
+  net::HttpClientResponse first;
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        first = Get("/v1/workloads/follower/logs?offset=0");
+        return first.body == "first\n";
+      },
+      10s));
+  EXPECT_EQ(first.Header("X-Log-Next-Offset"), "6");
+  EXPECT_EQ(first.Header("X-Log-Finished"), "false");  // it runs: more may come
+
+  executor_testing::WriteText(go, "");
+  ASSERT_EQ(WaitFinished("follower")["exit_code"], 0);
+  net::HttpClientResponse chunk = Get("/v1/workloads/follower/logs?offset=6");
+  EXPECT_EQ(chunk.body, std::string(size_t{1} << 20, 'x'));
+  EXPECT_EQ(chunk.Header("X-Log-Next-Offset"), std::to_string(6 + (1 << 20)));
+  EXPECT_EQ(chunk.Header("X-Log-Finished"), "false");  // ended, but not all read yet
+  net::HttpClientResponse rest =
+      Get("/v1/workloads/follower/logs?offset=" + chunk.Header("X-Log-Next-Offset"));
+  EXPECT_EQ(rest.body, std::string(size_t{512} << 10, 'x'));
+  EXPECT_EQ(rest.Header("X-Log-Next-Offset"), std::to_string(6 + 1572864));
+  EXPECT_EQ(rest.Header("X-Log-Finished"), "true");
 }
 
 TEST_F(AgentDaemonTest, ARestartedAgentReadoptsRunningWorkloadsAndTheirGpus) {
