@@ -1,0 +1,225 @@
+#include "cli/server_command.h"
+
+#include <csignal>
+#include <ctime>
+#include <filesystem>
+#include <optional>
+
+#include <fmt/format.h>
+#include <signal.h>
+
+#include "agent/agent_api.h"
+#include "core/quantity.h"
+#include "core/version.h"
+#include "sched/policy.h"
+#include "server/server.h"
+
+namespace gpufleet::cli {
+namespace {
+
+constexpr int kExitFailure = 1;
+constexpr int kExitUsage = 2;
+
+std::optional<TimeMs> PositiveDuration(const std::string& flag, const std::string& text) {
+  auto ms = ParseDurationMs(text);
+  if (!ms || *ms <= 0) {
+    fmt::print(stderr, "error: {} '{}': expected a positive duration such as 30s or 500ms\n", flag,
+               text);
+    return std::nullopt;
+  }
+  return ms;
+}
+
+std::string FormatMs(TimeMs ms) {
+  return ms % 1000 == 0 ? fmt::format("{}s", ms / 1000) : fmt::format("{}ms", ms);
+}
+
+// Builds the options from the flags; nothing (after printing why) when a flag is invalid.
+std::optional<server::ServerOptions> Options(const ServerArgs& args) {
+  server::ServerOptions options;
+  options.data_dir = args.data_dir;
+  std::string error;
+  auto listen = agent::ParseListenAddress(args.listen, error);
+  if (!listen) {
+    fmt::print(stderr, "error: {}\n", error);
+    return std::nullopt;
+  }
+  options.host = listen->host;
+  options.port = listen->port;
+  auto timeout = PositiveDuration("--node-timeout", args.node_timeout);
+  auto heartbeat = PositiveDuration("--heartbeat", args.heartbeat);
+  auto interval = PositiveDuration("--schedule-interval", args.schedule_interval);
+  if (!timeout || !heartbeat || !interval) return std::nullopt;
+  if (*heartbeat >= *timeout) {
+    fmt::print(stderr,
+               "error: --heartbeat {} must be shorter than --node-timeout {}, or every node "
+               "would be lost between two syncs\n",
+               args.heartbeat, args.node_timeout);
+    return std::nullopt;
+  }
+  options.node_timeout_ms = *timeout;
+  options.heartbeat_ms = *heartbeat;
+  options.schedule_interval_ms = *interval;
+  auto order = sched::ParseQueueOrder(args.policy);
+  if (!order) {
+    fmt::print(stderr, "error: --policy '{}': expected one of {}\n", args.policy,
+               fmt::join(sched::QueueOrderNames(), ", "));
+    return std::nullopt;
+  }
+  options.scheduler.order = *order;
+  options.scheduler.backfill = sched::DefaultBackfill(*order);
+  if (!args.backfill.empty()) {
+    auto backfill = sched::ParseBackfill(args.backfill);
+    if (!backfill) {
+      fmt::print(stderr, "error: --backfill '{}': expected one of {}\n", args.backfill,
+                 fmt::join(sched::BackfillNames(), ", "));
+      return std::nullopt;
+    }
+    options.scheduler.backfill = *backfill;
+  }
+  auto placement = sched::ParsePlacementPolicy(args.placement);
+  if (!placement) {
+    fmt::print(stderr, "error: --placement '{}': expected one of {}\n", args.placement,
+               fmt::join(sched::PlacementPolicyNames(), ", "));
+    return std::nullopt;
+  }
+  options.scheduler.placement = *placement;
+  options.scheduler.preempt = args.preempt;
+  if (args.tls_cert.empty() != args.tls_key.empty()) {
+    fmt::print(stderr,
+               "error: --tls-cert and --tls-key go together: give both for HTTPS, or "
+               "neither for plain HTTP\n");
+    return std::nullopt;
+  }
+  options.tls_cert_file = args.tls_cert;
+  options.tls_key_file = args.tls_key;
+  options.log = [](const std::string& line) {
+    const std::time_t now = std::time(nullptr);
+    char stamp[32];
+    std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S", std::localtime(&now));
+    fmt::print(stderr, "{} gpufleet server: {}\n", stamp, line);
+  };
+  return options;
+}
+
+// The first start of a data dir mints an admin token and says where it is; later starts say
+// where it was written.
+int EnsureAdminToken(server::Server& server, const std::string& data_dir) {
+  const std::string path = (std::filesystem::path(data_dir) / "admin-token").string();
+  if (server.HasAdminToken()) {
+    if (std::filesystem::exists(path))
+      fmt::print("  admin token: in {}\n", path);
+    else
+      fmt::print("  admin token: none on file ({} is gone); ask an admin for a token\n", path);
+    return 0;
+  }
+  auto created = server.CreateToken("admin", "", api::Role::kAdmin, "gpufleet server");
+  if (!created.token) {
+    fmt::print(stderr, "error: cannot create the first admin token: {}\n", created.error);
+    return kExitFailure;
+  }
+  if (std::string error = server::WritePrivateFile(path, created.token->secret + "\n");
+      !error.empty()) {
+    fmt::print(stderr, "error: cannot write the first admin token: {}\n", error);
+    return kExitFailure;
+  }
+  fmt::print("  admin token: created {} and wrote it to {} (mode 0600, shown nowhere else)\n",
+             created.token->info.id, path);
+  return 0;
+}
+
+}  // namespace
+
+CLI::App* AddServerCommand(CLI::App& app, ServerArgs& args) {
+  CLI::App* command = app.add_subcommand(
+      "server", "Run the control plane: the HTTP API, the scheduler and the state store");
+  command->add_option("--data-dir", args.data_dir, "State: the store, the first admin token")
+      ->capture_default_str();
+  command->add_option("--listen", args.listen, "Address to serve the API on (HOST:PORT)")
+      ->capture_default_str();
+  command
+      ->add_option("--node-timeout", args.node_timeout,
+                   "A node that has not synced for this long is lost; its jobs are requeued")
+      ->capture_default_str();
+  command->add_option("--heartbeat", args.heartbeat, "How often agents must sync")
+      ->capture_default_str();
+  command
+      ->add_option("--schedule-interval", args.schedule_interval,
+                   "A scheduling cycle at least this often (and on every change)")
+      ->capture_default_str();
+  command
+      ->add_option("--policy", args.policy,
+                   fmt::format("Queue order: {}", fmt::join(sched::QueueOrderNames(), ", ")))
+      ->capture_default_str();
+  command->add_option(
+      "--backfill", args.backfill,
+      fmt::format("Backfill: {} (default: the policy's)", fmt::join(sched::BackfillNames(), ", ")));
+  command
+      ->add_option("--placement", args.placement,
+                   fmt::format("Placement: {}", fmt::join(sched::PlacementPolicyNames(), ", ")))
+      ->capture_default_str();
+  command->add_flag("--preempt", args.preempt,
+                    "Let pending jobs preempt lower-ranked running jobs (las always preempts)");
+  command->add_option("--tls-cert", args.tls_cert,
+                      "Serve HTTPS with this PEM certificate (chain); needs --tls-key");
+  command->add_option("--tls-key", args.tls_key, "The PEM private key of --tls-cert");
+  return command;
+}
+
+int RunServer(const ServerArgs& args) {
+  auto options = Options(args);
+  if (!options) return kExitUsage;
+  // Blocked before any thread starts, so every thread inherits the mask and the signals are
+  // read here, synchronously.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  ::pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  const sched::SchedulerConfig scheduler = options->scheduler;
+  auto opened = server::Server::Open(*options);
+  if (!opened.server) {
+    fmt::print(stderr, "error: {}\n", opened.error);
+    return kExitFailure;
+  }
+  std::unique_ptr<server::Server> server = std::move(opened.server);
+  fmt::print("gpufleet server {}: listening on {}\n", kVersion, server->url());
+  fmt::print("  store: {}\n", server->store_description());
+  fmt::print("  scheduler: {} (backfill {}, placement {}{}), node timeout {}, heartbeat {}\n",
+             sched::Name(scheduler.order), sched::Name(scheduler.backfill),
+             sched::Name(scheduler.placement), scheduler.preempt ? ", preemption" : "",
+             FormatMs(options->node_timeout_ms), FormatMs(options->heartbeat_ms));
+  if (int status = EnsureAdminToken(*server, args.data_dir); status != 0) {
+    server->Stop();
+    return status;
+  }
+  std::fflush(stdout);
+
+  // Wakes for a stop signal, and at least every 200 ms to notice a store failure.
+  const timespec tick{0, 200'000'000};
+  int status = 0;
+  while (true) {
+    siginfo_t info{};
+    const int signal_number = ::sigtimedwait(&stop_signals, &info, &tick);
+    if (signal_number > 0) {
+      fmt::print(stderr, "gpufleet server: {} received, stopping\n",
+                 signal_number == SIGINT ? "SIGINT" : "SIGTERM");
+      break;
+    }
+    if (server->fatal_error()) {
+      status = kExitFailure;
+      break;
+    }
+  }
+  server->Stop();
+  if (auto fatal = server->fatal_error()) {
+    fmt::print(stderr, "error: {}; exiting so that a restart reloads the state that is durable\n",
+               *fatal);
+    status = kExitFailure;
+  }
+  return status;
+}
+
+}  // namespace gpufleet::cli

@@ -1,0 +1,869 @@
+#include "server/server.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <future>
+#include <utility>
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "api/json.h"
+#include "sched/scheduler.h"
+#include "server/auth.h"
+#include "server/lifecycle.h"
+#include "server/server_impl.h"
+#include "store/sqlite_store.h"
+
+namespace gpufleet::server {
+
+using api::JobRecord;
+using api::JobState;
+using api::NodeState;
+using nlohmann::json;
+using store::Mutation;
+
+// ---- Keys, clocks, worker pool ----------------------------------------------------------------
+
+std::string JobKey(JobId id) {
+  return fmt::format("{}{:020}", kJobPrefix, id);
+}
+std::string NodeKey(const std::string& name) {
+  return std::string(kNodePrefix) + name;
+}
+std::string TokenKey(const std::string& id) {
+  return std::string(kTokenPrefix) + id;
+}
+std::string AuditKey(uint64_t seq) {
+  return fmt::format("{}{:020}", kAuditPrefix, seq);
+}
+
+TimeMs WallMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+WorkerPool::WorkerPool(int threads) {
+  for (int i = 0; i < threads; ++i) {
+    threads_.emplace_back([this] {
+      std::unique_lock lock(mu_);
+      while (true) {
+        cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        std::function<void()> work = std::move(queue_.front());
+        queue_.pop_front();
+        lock.unlock();
+        work();
+        lock.lock();
+      }
+    });
+  }
+}
+
+WorkerPool::~WorkerPool() {
+  Stop();
+}
+
+void WorkerPool::Post(std::function<void()> work) {
+  {
+    std::lock_guard lock(mu_);
+    if (!stopping_) {
+      queue_.push_back(std::move(work));
+      cv_.notify_one();
+      return;
+    }
+  }
+  work();  // stopped: nobody else will run it
+}
+
+void WorkerPool::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  for (std::thread& thread : threads_)
+    if (thread.joinable()) thread.join();
+}
+
+namespace {
+
+std::string Describe(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(std::move(error));
+  } catch (const std::exception& exception) {
+    return exception.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+std::string FormatMs(TimeMs ms) {
+  return ms % 1000 == 0 ? fmt::format("{}s", ms / 1000) : fmt::format("{}ms", ms);
+}
+
+std::string JoinIndices(const std::vector<int32_t>& indices) {
+  return fmt::format("{}", fmt::join(indices, ","));
+}
+
+std::string DescribePreemption(const sched::Preemption& preemption) {
+  return preemption.reason == sched::PreemptReason::kLasDemotion
+             ? fmt::format("preempted for job {}, which has had less GPU service (LAS)",
+                           preemption.for_job)
+             : fmt::format("preempted for job {}, which ranks higher in the queue",
+                           preemption.for_job);
+}
+
+bool ValidUserName(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' ||
+           c == '@';
+  });
+}
+
+// Every job record in the store. Reading is quick; parsing JSON is what takes time (tens of us a
+// record), so the records are parsed on every core.
+std::vector<JobRecord> LoadJobs(const store::Store& store) {
+  std::vector<std::pair<std::string, std::string>> raw;
+  store.Scan(kJobPrefix,
+             [&](std::string_view key, std::string_view value) { raw.emplace_back(key, value); });
+  std::vector<JobRecord> records(raw.size());
+  const size_t workers =
+      std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 1 + raw.size() / 1000);
+  std::vector<std::string> errors(workers);
+  std::vector<std::thread> threads;
+  for (size_t w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      for (size_t i = w; i < raw.size(); i += workers) {
+        try {
+          records[i] = json::parse(raw[i].second).get<JobRecord>();
+        } catch (const std::exception& error) {
+          errors[w] = fmt::format("entry '{}': {}", raw[i].first, error.what());
+          return;
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads)
+    thread.join();
+  for (const std::string& error : errors)
+    if (!error.empty()) throw std::runtime_error(error);
+  return records;
+}
+
+}  // namespace
+
+// ---- Impl: opening, loading, stopping -----------------------------------------------------------
+
+Server::Impl::Impl(ServerOptions server_options) : options(std::move(server_options)) {}
+
+Server::Impl::~Impl() {
+  Stop();
+}
+
+void Server::Impl::Log(const std::string& line) const {
+  if (options.log) options.log(line);
+}
+
+std::string Server::Impl::Load() {
+  try {
+    store = options.open_store ? options.open_store(options.data_dir)
+                               : store::OpenSqliteStore(options.data_dir);
+    if (!store) return "no store was opened";
+  } catch (const std::exception& error) {
+    return error.what();
+  }
+  const TimeMs now = WallMs();
+  const SteadyTime steady_now = std::chrono::steady_clock::now();
+  last_version = static_cast<uint64_t>(now) * 1000;
+  std::string key_in_hand;
+  try {
+    std::lock_guard lock(mu);
+    for (JobRecord& job : LoadJobs(*store)) {
+      next_job_id = std::max(next_job_id, job.id + 1);
+      const JobId id = job.id;
+      IndexJobLocked(job);
+      jobs.insert_or_assign(id, std::move(job));
+    }
+    store->Scan(kNodePrefix, [&](std::string_view key, std::string_view value) {
+      key_in_hand = key;
+      NodeEntry entry;
+      entry.record = json::parse(value).get<api::NodeRecord>();
+      // A restarted server gives every node a full timeout to come back (docs/api.md).
+      entry.record.last_seen_ms = now;
+      entry.last_seen = steady_now;
+      entry.version = ++last_version;
+      const std::string name = entry.record.report.name;
+      nodes.insert_or_assign(name, std::move(entry));
+    });
+    store->Scan(kTokenPrefix, [&](std::string_view key, std::string_view value) {
+      key_in_hand = key;
+      const json stored = json::parse(value);
+      TokenEntry entry;
+      entry.info = stored.get<api::TokenInfo>();
+      entry.sha256 = stored.at("sha256").get<std::string>();
+      token_by_sha256[entry.sha256] = entry.info.id;
+      tokens.insert_or_assign(entry.info.id, std::move(entry));
+    });
+    // Only the keys: the next sequence number and the count for /metrics.
+    store->Scan(kAuditPrefix, [&](std::string_view key, std::string_view) {
+      key_in_hand = key;
+      const uint64_t seq = std::stoull(std::string(key.substr(kAuditPrefix.size())));
+      next_audit_seq = std::max(next_audit_seq, seq + 1);
+      ++audit_entries;
+    });
+  } catch (const std::exception& error) {
+    return fmt::format("cannot load the state in {}: {}{}", store->location(),
+                       key_in_hand.empty() ? "" : fmt::format("entry '{}': ", key_in_hand),
+                       error.what());
+  }
+  return {};
+}
+
+std::string Server::Impl::Start() {
+  committer = std::make_unique<store::GroupCommitter>(*store);
+  AddRoutes();
+  scheduler_wake = true;  // a first cycle at once, for the jobs just loaded
+  std::promise<void> running;
+  std::future<void> scheduler_started = running.get_future();
+  scheduler_thread = std::thread([this, &running] {
+    {
+      std::lock_guard lock(mu);
+      scheduler_running = true;  // ready (/readyz) from the moment Open() returns
+    }
+    running.set_value();
+    SchedulerLoop();
+  });
+  scheduler_started.wait();
+  maintenance_thread = std::thread([this] { MaintenanceLoop(); });
+  net::HttpServerOptions http_options;
+  http_options.host = options.host;
+  http_options.port = options.port;
+  http_options.io_threads = std::max(1, options.io_threads);
+  http_options.tls_cert_file = options.tls_cert_file;
+  http_options.tls_key_file = options.tls_key_file;
+  auto started = net::HttpServer::Start(
+      http_options, [this](net::HttpRequest request, net::HttpResponder respond) {
+        Dispatch(std::move(request), std::move(respond));
+      });
+  if (!started.server) return started.error;
+  http = std::move(started.server);
+  return {};
+}
+
+void Server::Impl::Stop() {
+  {
+    std::lock_guard lock(mu);
+    if (stopping) return;
+    stopping = true;
+    // Parked long polls are answered now, with what the node should run; new ones are not held.
+    for (auto& [name, node] : nodes)
+      AnswerParkedLocked(name);
+  }
+  scheduler_cv.notify_all();
+  maintenance_cv.notify_all();
+  {
+    // Answers still on their way (a commit, a logs proxy call) go out before HTTP stops.
+    std::unique_lock lock(in_flight_mu);
+    in_flight_cv.wait_for(lock, std::chrono::seconds(10), [this] { return in_flight == 0; });
+  }
+  if (http) http->Stop();
+  if (scheduler_thread.joinable()) scheduler_thread.join();
+  if (maintenance_thread.joinable()) maintenance_thread.join();
+  proxy_pool.Stop();
+  committer.reset();  // commits what is queued
+  http.reset();
+  store.reset();  // releases the data dir's lock
+}
+
+// ---- Mutations ------------------------------------------------------------------------------
+
+void Server::Impl::CommitLocked(std::vector<Mutation> batch, CommitDone done,
+                                std::vector<std::string> wake) {
+  committer->CommitAsync(std::move(batch), [this, done = std::move(done),
+                                            wake = std::move(wake)](std::exception_ptr error) {
+    std::string message;
+    if (error) {
+      message = Describe(error);
+      OnStoreFailure(message);
+    } else if (!wake.empty()) {
+      // After durability: an agent never starts a task for a placement the store lacks.
+      std::lock_guard lock(mu);
+      for (const std::string& node : wake)
+        AnswerParkedLocked(node);
+    }
+    if (done) done(message);
+  });
+}
+
+void Server::Impl::OnStoreFailure(const std::string& error) {
+  {
+    std::lock_guard lock(fatal_mu);
+    if (!fatal.empty()) return;
+    fatal = "store commit failed: " + error;
+    failed_ = true;
+  }
+  Log(fmt::format("FATAL: {}; acknowledging no more changes; restart to reload what is durable",
+                  FatalMessage()));
+  fatal_cv.notify_all();
+}
+
+std::string Server::Impl::FatalMessage() const {
+  std::lock_guard lock(fatal_mu);
+  return fatal;
+}
+
+Mutation Server::Impl::PutJobLocked(const JobRecord& job) const {
+  return Mutation::Put(JobKey(job.id), json(job).dump());
+}
+
+Mutation Server::Impl::PutNodeLocked(const NodeEntry& node) const {
+  api::NodeRecord record = node.record;
+  record.gpu_jobs.clear();  // derived from the jobs whenever shown
+  return Mutation::Put(NodeKey(record.report.name), json(record).dump());
+}
+
+Mutation Server::Impl::AuditLocked(const Caller& caller, std::string action, std::string target,
+                                   std::string detail, TimeMs now) {
+  api::AuditEntry entry;
+  entry.seq = next_audit_seq++;
+  entry.time_ms = now;
+  entry.user = caller.info.user;
+  entry.token_id = caller.info.id;
+  entry.action = std::move(action);
+  entry.target = std::move(target);
+  entry.detail = std::move(detail);
+  ++audit_entries;
+  return Mutation::Put(AuditKey(entry.seq), json(entry).dump());
+}
+
+void Server::Impl::IndexJobLocked(const JobRecord& job) {
+  pending_jobs.erase(job.id);
+  active_jobs.erase(job.id);
+  if (job.state == JobState::kPending)
+    pending_jobs.insert(job.id);
+  else if (IsActive(job.state))
+    active_jobs.insert(job.id);
+}
+
+void Server::Impl::BumpLocked(const std::string& node) {
+  if (auto it = nodes.find(node); it != nodes.end()) it->second.version = ++last_version;
+}
+
+std::vector<std::string> Server::Impl::NodesOf(const JobRecord& job) const {
+  std::vector<std::string> names;
+  for (const api::TaskStatus& task : job.tasks)
+    if (std::find(names.begin(), names.end(), task.node) == names.end()) names.push_back(task.node);
+  return names;
+}
+
+void Server::Impl::WakeSchedulerLocked() {
+  scheduler_wake = true;
+  scheduler_cv.notify_one();
+}
+
+void Server::Impl::ChangedLocked() {
+  ++generation;
+  WakeSchedulerLocked();
+}
+
+CreatedToken Server::Impl::CreateTokenLocked(const std::string& user, const std::string& team,
+                                             api::Role role, const Caller& actor, TimeMs now,
+                                             std::vector<Mutation>& batch) {
+  CreatedToken created;
+  created.secret = NewTokenSecret();
+  do {
+    created.info.id = NewTokenId();
+  } while (tokens.count(created.info.id));
+  created.info.user = user;
+  created.info.team = team;
+  created.info.role = role;
+  created.info.created_ms = now;
+  created.info.created_by = actor.info.user;
+  TokenEntry entry{created.info, Sha256Hex(created.secret)};
+  json stored = entry.info;
+  stored["sha256"] = entry.sha256;
+  batch.push_back(Mutation::Put(TokenKey(entry.info.id), stored.dump()));
+  batch.push_back(AuditLocked(
+      actor, "token.create", "token/" + entry.info.id,
+      fmt::format("user {} team {} role {}", user, team.empty() ? "-" : team, api::RoleName(role)),
+      now));
+  token_by_sha256[entry.sha256] = entry.info.id;
+  tokens.insert_or_assign(entry.info.id, std::move(entry));
+  return created;
+}
+
+// ---- Agents' syncs ----------------------------------------------------------------------------
+
+api::SyncResponse Server::Impl::DesiredLocked(const std::string& node) const {
+  api::SyncResponse response;
+  response.heartbeat_ms = static_cast<int32_t>(options.heartbeat_ms);
+  if (auto it = nodes.find(node); it != nodes.end()) response.version = it->second.version;
+  for (JobId id : active_jobs) {
+    const JobRecord& job = jobs.at(id);
+    std::string master_addr;
+    for (const api::TaskStatus& task : job.tasks) {
+      if (task.node != node) continue;
+      if (master_addr.empty()) {
+        const std::string& master = job.tasks.front().node;
+        auto it = nodes.find(master);
+        master_addr = it != nodes.end() && !it->second.record.report.address.empty()
+                          ? it->second.record.report.address
+                          : master;
+      }
+      response.desired.push_back(MakeTaskLaunch(job, task.rank, master_addr));
+    }
+  }
+  return response;
+}
+
+void Server::Impl::AnswerParkedLocked(const std::string& node) {
+  auto it = nodes.find(node);
+  if (it == nodes.end() || it->second.parked.empty()) return;
+  const std::string body = json(DesiredLocked(node)).dump();
+  std::vector<Parked> parked = std::move(it->second.parked);
+  it->second.parked.clear();
+  for (Parked& waiting : parked)
+    waiting.respond(net::HttpResponse::Json(200, body));
+}
+
+void Server::Impl::FinishSyncLocked(const std::string& node, uint64_t known_version,
+                                    int32_t wait_ms, net::HttpResponder respond) {
+  auto it = nodes.find(node);
+  // Not equal rather than older: versions of a restarted server may be smaller or larger.
+  if (stopping || it == nodes.end() || it->second.version != known_version || wait_ms <= 0) {
+    respond(net::HttpResponse::Json(200, json(DesiredLocked(node)).dump()));
+    return;
+  }
+  const TimeMs wait = std::min<TimeMs>(wait_ms, options.heartbeat_ms);
+  it->second.parked.push_back(
+      Parked{known_version, std::chrono::steady_clock::now() + std::chrono::milliseconds(wait),
+             std::move(respond)});
+  maintenance_cv.notify_one();
+}
+
+// ---- Maintenance: long-poll deadlines, lost nodes
+// ------------------------------------------------
+
+void Server::Impl::MarkLostLocked(NodeEntry& node, TimeMs now, std::vector<Mutation>& batch,
+                                  std::vector<std::string>& wake) {
+  const std::string& name = node.record.report.name;
+  node.record.state = NodeState::kLost;
+  batch.push_back(PutNodeLocked(node));
+  const std::string reason =
+      fmt::format("node {} lost: no sync for {}", name, FormatMs(options.node_timeout_ms));
+  int requeued = 0;
+  int failed_jobs = 0;
+  const std::vector<JobId> active(active_jobs.begin(), active_jobs.end());
+  for (JobId id : active) {
+    JobRecord& job = jobs.at(id);
+    const std::vector<std::string> on = NodesOf(job);
+    if (std::find(on.begin(), on.end(), name) == on.end()) continue;
+    if (job.spec.restartable) {
+      RequeueJob(job, reason, now);
+      ++requeued;
+    } else {
+      FailJob(job, reason, std::nullopt, now);
+      job.reason_code = "node_lost";
+      ++failed_jobs;
+    }
+    IndexJobLocked(job);
+    batch.push_back(PutJobLocked(job));
+    // The gang's other tasks leave their nodes' desired state: those agents stop them.
+    for (const std::string& other : on) {
+      BumpLocked(other);
+      wake.push_back(other);
+    }
+  }
+  Log(fmt::format("node {} lost (no sync for {}): {} job(s) requeued, {} failed", name,
+                  FormatMs(options.node_timeout_ms), requeued, failed_jobs));
+}
+
+void Server::Impl::MaintenanceLoop() {
+  std::unique_lock lock(mu);
+  while (!stopping) {
+    const SteadyTime steady_now = std::chrono::steady_clock::now();
+    SteadyTime next = steady_now + std::chrono::seconds(1);
+    std::vector<Mutation> batch;
+    std::vector<std::string> wake;
+    bool lost_any = false;
+    for (auto& [name, node] : nodes) {
+      if (!node.parked.empty()) {
+        // Polls past their deadline are answered with the (unchanged) desired state.
+        auto expired =
+            std::stable_partition(node.parked.begin(), node.parked.end(),
+                                  [&](const Parked& p) { return p.deadline > steady_now; });
+        if (expired != node.parked.end()) {
+          const std::string body = json(DesiredLocked(name)).dump();
+          for (auto it = expired; it != node.parked.end(); ++it)
+            it->respond(net::HttpResponse::Json(200, body));
+          node.parked.erase(expired, node.parked.end());
+        }
+        for (const Parked& parked : node.parked)
+          next = std::min(next, parked.deadline);
+      }
+      if (node.record.state != NodeState::kLost && !failed()) {
+        const SteadyTime lost_at =
+            node.last_seen + std::chrono::milliseconds(options.node_timeout_ms);
+        if (lost_at <= steady_now) {
+          MarkLostLocked(node, WallMs(), batch, wake);
+          lost_any = true;
+        } else {
+          next = std::min(next, lost_at);
+        }
+      }
+    }
+    if (lost_any) {
+      ChangedLocked();
+      CommitLocked(std::move(batch), nullptr, std::move(wake));
+    }
+    maintenance_cv.wait_until(lock, next);
+  }
+}
+
+// ---- Scheduling ------------------------------------------------------------------------------
+
+void Server::Impl::SchedulerLoop() {
+  std::unique_lock lock(mu);
+  while (!stopping) {
+    scheduler_cv.wait_for(lock, std::chrono::milliseconds(options.schedule_interval_ms),
+                          [this] { return stopping || scheduler_wake; });
+    if (stopping) break;
+    scheduler_wake = false;
+    lock.unlock();
+    RunCycle();
+    lock.lock();
+  }
+  scheduler_running = false;
+}
+
+Server::Impl::Snapshot Server::Impl::SnapshotLocked(TimeMs now) const {
+  Snapshot snapshot;
+  snapshot.generation = generation;
+  std::unordered_map<std::string, int32_t> position;
+  std::vector<std::unordered_map<int32_t, int32_t>> gpu_position;  // per node: GPU index -> slot
+  for (const auto& [name, entry] : nodes) {
+    if (entry.record.state == NodeState::kLost) continue;
+    const api::NodeReport& report = entry.record.report;
+    Node node;
+    node.name = name;
+    node.rack = report.rack.empty() ? name : report.rack;
+    node.spine = report.spine;
+    node.cpu_milli = report.cpu_milli;
+    node.memory_mib = report.memory_mib;
+    node.schedulable = !entry.record.drained;
+    std::vector<api::GpuStatus> gpus = report.gpus;
+    std::sort(gpus.begin(), gpus.end(),
+              [](const auto& a, const auto& b) { return a.index < b.index; });
+    std::unordered_map<int32_t, int32_t> slots;
+    for (const api::GpuStatus& status : gpus) {
+      if (slots.count(status.index)) continue;  // a duplicate index from a confused agent
+      slots[status.index] = static_cast<int32_t>(node.gpus.size());
+      node.gpus.push_back(Gpu{status.uuid, status.model, status.memory_mib, status.index,
+                              status.nvlink_island, status.healthy});
+    }
+    snapshot.any_ready = snapshot.any_ready || node.schedulable;
+    position[name] = static_cast<int32_t>(snapshot.cluster.nodes.size());
+    gpu_position.push_back(std::move(slots));
+    snapshot.node_names.push_back(name);
+    snapshot.cluster.nodes.push_back(std::move(node));
+  }
+  for (JobId id : active_jobs) {
+    const JobRecord& job = jobs.at(id);
+    sched::Allocation allocation;
+    bool known = !job.tasks.empty();
+    for (const api::TaskStatus& task : job.tasks) {
+      auto node = position.find(task.node);
+      if (node == position.end()) {
+        known = false;  // on a lost node: requeued by maintenance shortly
+        break;
+      }
+      sched::TaskPlacement placement;
+      placement.node = node->second;
+      for (int32_t index : task.gpu_indices) {
+        auto& slots = gpu_position[static_cast<size_t>(node->second)];
+        auto slot = slots.find(index);
+        if (slot == slots.end()) {
+          known = false;
+          break;
+        }
+        placement.gpus.push_back(sched::GpuShare{slot->second, task.gpu_milli});
+      }
+      allocation.push_back(std::move(placement));
+    }
+    if (!known) continue;
+    const Service service = ServiceOf(job, now);
+    snapshot.running.push_back(sched::RunningJob{ToJobSpec(job), std::move(allocation),
+                                                 service.run_start, service.attained_gpu_ms});
+  }
+  snapshot.pending.reserve(pending_jobs.size());
+  for (JobId id : pending_jobs) {
+    const JobRecord& job = jobs.at(id);
+    const Service service = ServiceOf(job, now);
+    snapshot.pending.push_back(sched::PendingJob{ToJobSpec(job), service.attained_gpu_ms,
+                                                 service.last_run_end, service.preemptions});
+  }
+  return snapshot;
+}
+
+void Server::Impl::RunCycle() {
+  const SteadyTime started = std::chrono::steady_clock::now();
+  // Schedule() runs outside the lock; its decisions are applied only if nothing they depend on
+  // changed meanwhile (the generation). After two tries the cycle holds the lock throughout.
+  for (int attempt = 0;; ++attempt) {
+    const bool hold_lock = attempt >= 2;
+    std::unique_lock lock(mu);
+    if (stopping || failed()) return;
+    const TimeMs now = WallMs();
+    Snapshot snapshot = SnapshotLocked(now);
+    if (!hold_lock) lock.unlock();
+    sched::Decisions decisions;
+    bool decided = false;
+    if (snapshot.any_ready && !snapshot.pending.empty()) {
+      try {
+        decisions = sched::Schedule(snapshot.cluster, snapshot.running, snapshot.pending, now,
+                                    options.scheduler);
+        decided = true;
+      } catch (const std::exception& error) {
+        Log(fmt::format("scheduling cycle skipped: {}", error.what()));
+      }
+    }
+    if (!hold_lock) lock.lock();
+    if (stopping) return;
+    if (generation != snapshot.generation) continue;
+    if (decided || !snapshot.any_ready) ApplyLocked(snapshot, decisions, now);
+    break;
+  }
+  ++cycles;
+  cycle_latency.Observe(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+}
+
+void Server::Impl::ApplyLocked(const Snapshot& snapshot, const sched::Decisions& decisions,
+                               TimeMs now) {
+  std::vector<Mutation> batch;
+  std::vector<std::string> wake;
+  for (const sched::Preemption& preemption : decisions.preemptions) {
+    auto it = jobs.find(preemption.job);
+    if (it == jobs.end() || !IsActive(it->second.state)) continue;
+    JobRecord& job = it->second;
+    for (const std::string& node : NodesOf(job)) {
+      BumpLocked(node);
+      wake.push_back(node);
+    }
+    RequeueJob(job, DescribePreemption(preemption), now);
+    IndexJobLocked(job);
+    batch.push_back(PutJobLocked(job));
+  }
+  for (const sched::Placement& placement : decisions.placements) {
+    auto it = jobs.find(placement.job);
+    if (it == jobs.end() || it->second.state != JobState::kPending) continue;
+    JobRecord& job = it->second;
+    std::vector<api::TaskStatus> tasks;
+    std::vector<std::string> where;
+    for (size_t rank = 0; rank < placement.allocation.size(); ++rank) {
+      const sched::TaskPlacement& task_placement = placement.allocation[rank];
+      const Node& node = snapshot.cluster.nodes.at(static_cast<size_t>(task_placement.node));
+      api::TaskStatus task;
+      task.rank = static_cast<int32_t>(rank);
+      task.node = node.name;
+      for (const sched::GpuShare& share : task_placement.gpus) {
+        const Gpu& gpu = node.gpus.at(static_cast<size_t>(share.gpu));
+        task.gpu_indices.push_back(gpu.index);
+        task.gpu_uuids.push_back(gpu.uuid);
+        task.gpu_milli = share.milli;
+      }
+      task.workload_id = WorkloadId(job.id, task.rank, job.attempt);
+      where.push_back(task.gpu_indices.empty()
+                          ? node.name
+                          : fmt::format("{} (GPU {})", node.name, JoinIndices(task.gpu_indices)));
+      if (std::find(wake.begin(), wake.end(), node.name) == wake.end()) wake.push_back(node.name);
+      BumpLocked(node.name);
+      tasks.push_back(std::move(task));
+    }
+    PlaceJob(job, std::move(tasks), fmt::format("placed on {}", fmt::join(where, ", ")), now);
+    IndexJobLocked(job);
+    batch.push_back(PutJobLocked(job));
+  }
+  // Why the others wait: recomputed every cycle, so kept in memory only (persisted with the
+  // record's next real change).
+  if (!snapshot.any_ready) {
+    for (JobId id : pending_jobs) {
+      JobRecord& job = jobs.at(id);
+      job.reason = "no nodes are ready";
+      job.reason_code = "no_ready_nodes";
+    }
+  }
+  for (const sched::Waiting& waiting : decisions.waiting) {
+    auto it = jobs.find(waiting.job);
+    if (it == jobs.end() || it->second.state != JobState::kPending) continue;
+    JobRecord& job = it->second;
+    job.reason = sched::DescribeWait(waiting.reason, ToJobSpec(job));
+    job.reason_code = sched::WaitReasonCode(waiting.reason);
+  }
+  if (batch.empty()) return;
+  ++generation;
+  CommitLocked(std::move(batch), nullptr, std::move(wake));
+}
+
+const Cluster* Server::Impl::FeasibilityClusterLocked() {
+  if (feasibility_generation != generation) {
+    feasibility_generation = generation;
+    Cluster cluster;
+    for (const auto& [name, entry] : nodes) {
+      if (entry.record.state == NodeState::kLost) continue;
+      Node node;
+      node.name = name;
+      node.rack = entry.record.report.rack.empty() ? name : entry.record.report.rack;
+      node.spine = entry.record.report.spine;
+      node.cpu_milli = entry.record.report.cpu_milli;
+      node.memory_mib = entry.record.report.memory_mib;
+      std::vector<api::GpuStatus> gpus = entry.record.report.gpus;
+      std::sort(gpus.begin(), gpus.end(),
+                [](const auto& a, const auto& b) { return a.index < b.index; });
+      for (const api::GpuStatus& status : gpus)
+        if (node.gpus.empty() || node.gpus.back().index != status.index)
+          node.gpus.push_back(Gpu{status.uuid, status.model, status.memory_mib, status.index,
+                                  status.nvlink_island, status.healthy});
+      cluster.nodes.push_back(std::move(node));
+    }
+    feasibility_cluster.reset();
+    if (!cluster.nodes.empty()) feasibility_cluster = std::move(cluster);
+  }
+  return feasibility_cluster ? &*feasibility_cluster : nullptr;
+}
+
+// ---- Server -----------------------------------------------------------------------------------
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Server::~Server() {
+  Stop();
+}
+
+Server::OpenResult Server::Open(ServerOptions options) {
+  OpenResult result;
+  if (options.node_timeout_ms <= 0 || options.heartbeat_ms <= 0 ||
+      options.schedule_interval_ms <= 0) {
+    result.error = "node timeout, heartbeat and schedule interval must be positive";
+    return result;
+  }
+  auto impl = std::make_unique<Impl>(std::move(options));
+  if (std::string error = impl->Load(); !error.empty()) {
+    result.error = std::move(error);
+    return result;
+  }
+  if (std::string error = impl->Start(); !error.empty()) {
+    impl->Stop();
+    result.error = std::move(error);
+    return result;
+  }
+  result.server.reset(new Server(std::move(impl)));
+  return result;
+}
+
+uint16_t Server::port() const {
+  return impl_->http ? impl_->http->port() : 0;
+}
+
+std::string Server::address() const {
+  return impl_->http ? impl_->http->address() : std::string();
+}
+
+std::string Server::url() const {
+  return (impl_->http && impl_->http->tls() ? "https://" : "http://") + address();
+}
+
+std::string Server::store_description() const {
+  if (!impl_->store) return "closed";
+  return fmt::format("{} at {}", impl_->store->backend(), impl_->store->location());
+}
+
+void Server::Stop() {
+  impl_->Stop();
+}
+
+Server::TokenResult Server::CreateToken(const std::string& user, const std::string& team,
+                                        api::Role role, const std::string& created_by) {
+  TokenResult result;
+  if (!ValidUserName(user) || (!team.empty() && !ValidUserName(team)) ||
+      (role == api::Role::kUser && team.empty())) {
+    result.error = fmt::format(
+        "user '{}' and team '{}' must be 1-64 letters, digits, '-', '_', '.' or '@' (a user "
+        "token needs a team)",
+        user, team);
+    return result;
+  }
+  auto durable = std::make_shared<std::promise<std::string>>();
+  std::future<std::string> outcome = durable->get_future();
+  CreatedToken created;
+  {
+    std::lock_guard lock(impl_->mu);
+    if (impl_->stopping || impl_->failed()) {
+      result.error = impl_->failed() ? impl_->FatalMessage() : "the server is stopping";
+      return result;
+    }
+    Caller actor;
+    actor.info.user = created_by;
+    std::vector<Mutation> batch;
+    created = impl_->CreateTokenLocked(user, team, role, actor, WallMs(), batch);
+    impl_->CommitLocked(std::move(batch),
+                        [durable](const std::string& error) { durable->set_value(error); });
+  }
+  if (std::string error = outcome.get(); !error.empty()) {
+    result.error = "store failed: " + error;
+    return result;
+  }
+  result.token = std::move(created);
+  return result;
+}
+
+bool Server::HasAdminToken() const {
+  std::lock_guard lock(impl_->mu);
+  return std::any_of(impl_->tokens.begin(), impl_->tokens.end(),
+                     [](const auto& entry) { return entry.second.info.role == api::Role::kAdmin; });
+}
+
+std::optional<std::string> Server::fatal_error() const {
+  std::string message = impl_->FatalMessage();
+  if (message.empty()) return std::nullopt;
+  return message;
+}
+
+std::optional<std::string> Server::WaitForFatal(std::chrono::milliseconds timeout) const {
+  std::unique_lock lock(impl_->fatal_mu);
+  impl_->fatal_cv.wait_for(lock, timeout, [this] { return !impl_->fatal.empty(); });
+  if (impl_->fatal.empty()) return std::nullopt;
+  return impl_->fatal;
+}
+
+std::string WritePrivateFile(const std::string& path, const std::string& contents) {
+  const std::string temporary = path + ".tmp";
+  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return fmt::format("cannot create {}: {}", temporary, std::strerror(errno));
+  std::string error;
+  // The mode of an existing file is kept by open(): set it explicitly.
+  if (::fchmod(fd, 0600) != 0) error = fmt::format("chmod {}: {}", temporary, std::strerror(errno));
+  size_t written = 0;
+  while (error.empty() && written < contents.size()) {
+    const ssize_t n = ::write(fd, contents.data() + written, contents.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) error = fmt::format("write {}: {}", temporary, std::strerror(errno));
+    if (n > 0) written += static_cast<size_t>(n);
+  }
+  if (error.empty() && ::fsync(fd) != 0)
+    error = fmt::format("fsync {}: {}", temporary, std::strerror(errno));
+  ::close(fd);
+  if (error.empty() && ::rename(temporary.c_str(), path.c_str()) != 0)
+    error = fmt::format("rename {} to {}: {}", temporary, path, std::strerror(errno));
+  if (!error.empty()) ::unlink(temporary.c_str());
+  return error;
+}
+
+}  // namespace gpufleet::server

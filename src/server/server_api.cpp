@@ -1,0 +1,810 @@
+// The HTTP routes of docs/api.md. Every mutation changes memory and queues its store batch under
+// the state lock, and is answered from the commit's callback once the batch is durable, so no io
+// thread ever waits for an fsync.
+
+#include <algorithm>
+#include <charconv>
+#include <deque>
+#include <initializer_list>
+#include <utility>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "api/json.h"
+#include "net/http_client.h"
+#include "sched/scheduler.h"
+#include "server/auth.h"
+#include "server/lifecycle.h"
+#include "server/server_impl.h"
+
+namespace gpufleet::server {
+namespace {
+
+using api::JobRecord;
+using api::JobState;
+using api::NodeState;
+using api::Role;
+using net::HttpRequest;
+using net::HttpResponder;
+using net::HttpResponse;
+using nlohmann::json;
+using store::Mutation;
+using Impl = Server::Impl;
+
+constexpr int64_t kDefaultListLimit = 100;
+constexpr int64_t kMaxListLimit = 10000;
+constexpr std::chrono::milliseconds kLogProxyTimeout{5000};
+
+HttpResponse JsonResponse(int status, const json& body) {
+  return HttpResponse::Json(status, body.dump());
+}
+
+HttpResponse StoreFailed(const std::string& error) {
+  return HttpResponse::Error(503, "store failed: " + error);
+}
+
+// Answers `response` once the batch is durable, or 503 when the store failed.
+Impl::CommitDone AnswerWhenDurable(HttpResponder respond, HttpResponse response) {
+  return [respond = std::move(respond), response = std::move(response)](const std::string& error) {
+    respond(error.empty() ? response : StoreFailed(error));
+  };
+}
+
+std::optional<uint64_t> ParseUnsigned(std::string_view text) {
+  uint64_t value = 0;
+  if (text.empty() || text.size() > 20) return std::nullopt;
+  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return value;
+}
+
+// A query parameter that must be an integer in [min, max]; `fallback` when absent.
+std::optional<int64_t> QueryInt(const HttpRequest& request, const std::string& name,
+                                int64_t fallback, int64_t min, int64_t max, std::string& error) {
+  auto text = request.Query(name);
+  if (!text) return fallback;
+  auto value = ParseUnsigned(*text);
+  if (!value || static_cast<int64_t>(*value) < min || static_cast<int64_t>(*value) > max ||
+      *value > static_cast<uint64_t>(max)) {
+    error = fmt::format("'{}' must be an integer from {} to {}, not '{}'", name, min, max, *text);
+    return std::nullopt;
+  }
+  return static_cast<int64_t>(*value);
+}
+
+bool ValidNodeName(std::string_view name) {
+  if (name.empty() || name.size() > 253) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
+  });
+}
+
+bool ValidUserName(std::string_view name) {
+  if (name.empty() || name.size() > 64) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' ||
+           c == '@';
+  });
+}
+
+// The job's name when none was given: the command's first word, as far as it is a valid name.
+std::string DefaultName(const std::vector<std::string>& command) {
+  std::string word = command.front();
+  if (auto slash = word.rfind('/'); slash != std::string::npos) word = word.substr(slash + 1);
+  std::string name;
+  for (char c : word)
+    if (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.')
+      name.push_back(c);
+  if (name.size() > 128) name.resize(128);
+  return name;
+}
+
+// Parses a JSON body; a 400 with the parser's message when malformed.
+std::optional<json> ParseBody(const HttpRequest& request, HttpResponder& respond) {
+  try {
+    return json::parse(request.body);
+  } catch (const json::parse_error& error) {
+    respond(HttpResponse::Error(400, fmt::format("malformed JSON: {}", error.what())));
+  }
+  return std::nullopt;
+}
+
+bool SchedulingShapeDiffers(const api::NodeReport& a, const api::NodeReport& b) {
+  if (a.rack != b.rack || a.spine != b.spine || a.cpu_milli != b.cpu_milli ||
+      a.memory_mib != b.memory_mib || a.gpus.size() != b.gpus.size())
+    return true;
+  for (size_t i = 0; i < a.gpus.size(); ++i) {
+    const api::GpuStatus& x = a.gpus[i];
+    const api::GpuStatus& y = b.gpus[i];
+    if (x.index != y.index || x.uuid != y.uuid || x.model != y.model ||
+        x.memory_mib != y.memory_mib || x.nvlink_island != y.nvlink_island ||
+        x.healthy != y.healthy)
+      return true;
+  }
+  return false;
+}
+
+bool IdentityDiffers(const api::NodeReport& a, const api::NodeReport& b) {
+  return a.address != b.address || a.agent_url != b.agent_url || a.backend != b.backend ||
+         a.agent_version != b.agent_version;
+}
+
+int64_t CountHealthyGpus(const api::NodeReport& report) {
+  return std::count_if(report.gpus.begin(), report.gpus.end(),
+                       [](const api::GpuStatus& gpu) { return gpu.healthy; });
+}
+
+// ---- Route helpers --------------------------------------------------------------------------
+
+using Handler = void (*)(Impl&, const HttpRequest&, const Caller&, HttpResponder);
+
+// A job the caller may see, or an answer already given (400 bad id, 404 unknown or another
+// team's). Called with the lock held.
+JobRecord* FindJobLocked(Impl& s, const HttpRequest& request, const Caller& caller,
+                         HttpResponder& respond) {
+  const std::string text = request.PathParam("id");
+  auto id = ParseUnsigned(text);
+  if (!id) {
+    respond(HttpResponse::Error(400, fmt::format("job id must be a number, not '{}'", text)));
+    return nullptr;
+  }
+  auto it = s.jobs.find(*id);
+  // Another team's job is answered exactly like a missing one: its existence is not revealed.
+  if (it == s.jobs.end() || (!caller.admin() && it->second.team != caller.info.team)) {
+    respond(HttpResponse::Error(404, fmt::format("no job {}", *id)));
+    return nullptr;
+  }
+  return &it->second;
+}
+
+// 503 when the server cannot take changes now. Called with the lock held.
+bool RefuseMutationLocked(Impl& s, HttpResponder& respond) {
+  if (s.failed()) {
+    respond(HttpResponse::Error(503, s.FatalMessage()));
+    return true;
+  }
+  if (s.stopping) {
+    respond(HttpResponse::Error(503, "the server is stopping"));
+    return true;
+  }
+  return false;
+}
+
+// ---- Jobs -------------------------------------------------------------------------------------
+
+void SubmitJob(Impl& s, const HttpRequest& request, const Caller& caller, HttpResponder respond) {
+  std::string error;
+  auto spec = api::ParseJobSubmissionText(request.body, error);
+  if (!spec) return respond(HttpResponse::Error(400, error));
+  if (spec->name.empty()) spec->name = DefaultName(spec->command);
+  std::lock_guard lock(s.mu);
+  if (RefuseMutationLocked(s, respond)) return;
+  const TimeMs now = WallMs();
+  JobRecord job;
+  job.user = caller.info.user;
+  job.team = caller.info.team;
+  job.spec = std::move(*spec);
+  job.created_ms = now;
+  const Cluster* cluster = s.FeasibilityClusterLocked();
+  if (cluster) {
+    const JobSpec request_spec = ToJobSpec(job);
+    if (auto why = sched::CheckFeasible(*cluster, request_spec))
+      return respond(HttpResponse::Error(422, sched::DescribeWait(*why, request_spec)));
+  }
+  job.id = s.next_job_id++;
+  SetState(job, JobState::kPending, fmt::format("submitted by {}", job.user), now);
+  if (cluster) {
+    job.reason = "waiting for the next scheduling cycle";
+    job.reason_code = "queued";
+  } else {
+    job.reason = "no nodes are ready";
+    job.reason_code = "no_ready_nodes";
+  }
+  std::vector<Mutation> batch;
+  batch.push_back(s.PutJobLocked(job));
+  batch.push_back(s.AuditLocked(
+      caller, "job.submit", fmt::format("job/{}", job.id),
+      fmt::format("{} in queue {}: {} task(s) x {} GPU(s)", job.spec.name, job.spec.queue,
+                  job.spec.tasks, api::FormatGpus(job.spec.gpu_milli_per_task)),
+      now));
+  HttpResponse response = JsonResponse(201, job);
+  s.IndexJobLocked(job);
+  s.jobs.emplace(job.id, std::move(job));
+  s.WakeSchedulerLocked();
+  s.CommitLocked(std::move(batch), AnswerWhenDurable(std::move(respond), std::move(response)));
+}
+
+void ListJobs(Impl& s, const HttpRequest& request, const Caller& caller, HttpResponder respond) {
+  std::string error;
+  auto limit = QueryInt(request, "limit", kDefaultListLimit, 1, kMaxListLimit, error);
+  if (!limit) return respond(HttpResponse::Error(400, error));
+  std::optional<JobState> state;
+  if (auto text = request.Query("state"); text && !text->empty()) {
+    state = api::ParseJobState(*text);
+    if (!state)
+      return respond(HttpResponse::Error(
+          400, fmt::format("unknown state '{}' (pending, scheduled, starting, running, "
+                           "succeeded, failed, cancelled)",
+                           *text)));
+  }
+  const std::string queue = request.Query("queue").value_or("");
+  const std::string team = request.Query("team").value_or("");
+  const std::string user = request.Query("user").value_or("");
+  json list = json::array();
+  {
+    std::lock_guard lock(s.mu);
+    for (auto it = s.jobs.rbegin(); it != s.jobs.rend(); ++it) {
+      const JobRecord& job = it->second;
+      if (!caller.admin() && job.team != caller.info.team) continue;
+      if ((state && job.state != *state) || (!queue.empty() && job.spec.queue != queue) ||
+          (!team.empty() && job.team != team) || (!user.empty() && job.user != user))
+        continue;
+      list.push_back(job);
+      if (static_cast<int64_t>(list.size()) >= *limit) break;
+    }
+  }
+  respond(JsonResponse(200, json{{"jobs", std::move(list)}}));
+}
+
+void GetJob(Impl& s, const HttpRequest& request, const Caller& caller, HttpResponder respond) {
+  std::lock_guard lock(s.mu);
+  if (JobRecord* job = FindJobLocked(s, request, caller, respond)) respond(JsonResponse(200, *job));
+}
+
+void CancelJobRoute(Impl& s, const HttpRequest& request, const Caller& caller,
+                    HttpResponder respond) {
+  std::lock_guard lock(s.mu);
+  JobRecord* job = FindJobLocked(s, request, caller, respond);
+  if (!job) return;
+  if (api::IsTerminal(job->state))
+    return respond(HttpResponse::Error(
+        409, fmt::format("job {} has already ended ({})", job->id, api::JobStateName(job->state))));
+  if (RefuseMutationLocked(s, respond)) return;
+  const TimeMs now = WallMs();
+  const std::vector<std::string> nodes = s.NodesOf(*job);
+  const bool was_active = IsActive(job->state);
+  CancelJob(*job, fmt::format("cancelled by {}", caller.info.user), now);
+  s.IndexJobLocked(*job);
+  std::vector<Mutation> batch;
+  batch.push_back(s.PutJobLocked(*job));
+  batch.push_back(
+      s.AuditLocked(caller, "job.cancel", fmt::format("job/{}", job->id), job->spec.name, now));
+  if (was_active)
+    for (const std::string& node : nodes)
+      s.BumpLocked(node);  // its tasks leave the desired state: the agents stop them
+  s.ChangedLocked();
+  s.CommitLocked(std::move(batch), AnswerWhenDurable(std::move(respond), JsonResponse(200, *job)),
+                 was_active ? nodes : std::vector<std::string>{});
+}
+
+void JobLogs(Impl& s, const HttpRequest& request, const Caller& caller, HttpResponder respond) {
+  std::string error;
+  auto task = QueryInt(request, "task", 0, 0, 100'000, error);
+  if (!task) return respond(HttpResponse::Error(400, error));
+  auto offset_text = request.Query("offset").value_or("0");
+  auto offset = ParseUnsigned(offset_text);
+  if (!offset)
+    return respond(HttpResponse::Error(
+        400, fmt::format("'offset' must be a non-negative integer, not '{}'", offset_text)));
+  const std::string stream = request.Query("stream").value_or("stdout");
+  if (stream != "stdout" && stream != "stderr")
+    return respond(HttpResponse::Error(
+        400, fmt::format("'stream' must be stdout or stderr, not '{}'", stream)));
+  std::string url;
+  std::string node;
+  {
+    std::lock_guard lock(s.mu);
+    JobRecord* job = FindJobLocked(s, request, caller, respond);
+    if (!job) return;
+    if (*task >= job->spec.tasks)
+      return respond(
+          HttpResponse::Error(400, fmt::format("job {} has {} task(s): 'task' must be from 0 to {}",
+                                               job->id, job->spec.tasks, job->spec.tasks - 1)));
+    if (job->tasks.empty()) {
+      // Not placed (yet): nothing written so far.
+      HttpResponse empty = HttpResponse::Text(200, "");
+      empty.headers.emplace_back("X-Log-Next-Offset", std::to_string(*offset));
+      empty.headers.emplace_back("X-Log-Finished", api::IsTerminal(job->state) ? "true" : "false");
+      return respond(std::move(empty));
+    }
+    const api::TaskStatus& status = job->tasks.at(static_cast<size_t>(*task));
+    node = status.node;
+    auto it = s.nodes.find(node);
+    std::string agent_url = it != s.nodes.end() ? it->second.record.report.agent_url : "";
+    if (agent_url.empty())
+      return respond(HttpResponse::Error(
+          502, fmt::format("node {} has not told the server its agent's URL", node)));
+    while (!agent_url.empty() && agent_url.back() == '/')
+      agent_url.pop_back();
+    url = fmt::format("{}/v1/workloads/{}/logs?stream={}&offset={}", agent_url, status.workload_id,
+                      stream, *offset);
+  }
+  // The agent may be slow or gone: the call runs on the proxy pool, never on an io thread.
+  s.proxy_pool.Post([url, node, task = *task, respond = std::move(respond)] {
+    net::HttpCallOptions call;
+    call.timeout = kLogProxyTimeout;
+    net::HttpResult result = net::HttpCall("GET", url, call);
+    if (!result.ok())
+      return respond(HttpResponse::Error(
+          502, fmt::format("cannot reach the agent on node {}: {}", node, result.error)));
+    const net::HttpClientResponse& answer = *result.response;
+    if (answer.status == 200) {
+      HttpResponse out = HttpResponse::Text(
+          200, answer.body,
+          answer.content_type.empty() ? "text/plain; charset=utf-8" : answer.content_type);
+      for (const auto& [name, value] : answer.headers) {
+        if (name.size() > 6 && std::equal(name.begin(), name.begin() + 6, "x-log-",
+                                          [](char a, char b) { return std::tolower(a) == b; }))
+          out.headers.emplace_back(name, value);
+      }
+      return respond(std::move(out));
+    }
+    std::string detail = answer.body;
+    try {
+      detail = json::parse(answer.body).at("error").get<std::string>();
+    } catch (const std::exception&) {
+    }
+    if (answer.status == 404)
+      return respond(HttpResponse::Error(
+          404, fmt::format("the agent on node {} has no logs of task {}: {}", node, task, detail)));
+    respond(HttpResponse::Error(
+        502, fmt::format("the agent on node {} answered {}: {}", node, answer.status, detail)));
+  });
+}
+
+// ---- Nodes and queues ------------------------------------------------------------------------
+
+json NodeJsonLocked(const Impl& s, const Impl::NodeEntry& entry) {
+  api::NodeRecord record = entry.record;
+  record.gpu_jobs.clear();
+  for (JobId id : s.active_jobs) {
+    const JobRecord& job = s.jobs.at(id);
+    for (const api::TaskStatus& task : job.tasks)
+      if (task.node == record.report.name)
+        for (int32_t index : task.gpu_indices)
+          record.gpu_jobs[index].push_back(id);
+  }
+  return record;
+}
+
+void ListNodes(Impl& s, const HttpRequest&, const Caller&, HttpResponder respond) {
+  json list = json::array();
+  {
+    std::lock_guard lock(s.mu);
+    for (const auto& [name, entry] : s.nodes)
+      list.push_back(NodeJsonLocked(s, entry));
+  }
+  respond(JsonResponse(200, json{{"nodes", std::move(list)}}));
+}
+
+void SetDrained(Impl& s, const HttpRequest& request, const Caller& caller, HttpResponder respond,
+                bool drained) {
+  const std::string name = request.PathParam("name");
+  std::lock_guard lock(s.mu);
+  auto it = s.nodes.find(name);
+  if (it == s.nodes.end())
+    return respond(HttpResponse::Error(404, fmt::format("no node {}", name)));
+  if (RefuseMutationLocked(s, respond)) return;
+  Impl::NodeEntry& node = it->second;
+  node.record.drained = drained;
+  if (node.record.state != NodeState::kLost)
+    node.record.state = drained ? NodeState::kDraining : NodeState::kReady;
+  const TimeMs now = WallMs();
+  std::vector<Mutation> batch;
+  batch.push_back(s.PutNodeLocked(node));
+  batch.push_back(
+      s.AuditLocked(caller, drained ? "node.drain" : "node.undrain", "node/" + name, "", now));
+  s.ChangedLocked();
+  s.Log(fmt::format("node {} {} by {}", name, drained ? "drained" : "undrained", caller.info.user));
+  s.CommitLocked(std::move(batch),
+                 AnswerWhenDurable(std::move(respond), JsonResponse(200, NodeJsonLocked(s, node))));
+}
+
+void DrainNode(Impl& s, const HttpRequest& request, const Caller& caller, HttpResponder respond) {
+  SetDrained(s, request, caller, std::move(respond), true);
+}
+
+void UndrainNode(Impl& s, const HttpRequest& request, const Caller& caller, HttpResponder respond) {
+  SetDrained(s, request, caller, std::move(respond), false);
+}
+
+void ListQueues(Impl& s, const HttpRequest&, const Caller&, HttpResponder respond) {
+  // Queues exist by use: "default" always, and every queue a job (even a finished one) named,
+  // so an idle queue still shows with zeros.
+  std::map<std::string, api::QueueStatus> queues;
+  queues["default"].name = "default";
+  {
+    std::lock_guard lock(s.mu);
+    for (const auto& [id, job] : s.jobs) {
+      api::QueueStatus& queue = queues[job.spec.queue];
+      queue.name = job.spec.queue;
+      const MilliGpu gpus = job.spec.gpu_milli_per_task * job.spec.tasks;
+      if (job.state == JobState::kPending) {
+        ++queue.pending;
+        queue.gpu_milli_pending += gpus;
+      } else if (s.active_jobs.count(id)) {
+        ++queue.running;
+        queue.gpu_milli_running += gpus;
+      }
+    }
+  }
+  json list = json::array();
+  for (const auto& [name, queue] : queues)
+    list.push_back(queue);
+  respond(JsonResponse(200, json{{"queues", std::move(list)}}));
+}
+
+// ---- Tokens, identity, audit -------------------------------------------------------------------
+
+void Whoami(Impl&, const HttpRequest&, const Caller& caller, HttpResponder respond) {
+  respond(JsonResponse(200, caller.info));
+}
+
+void CreateTokenRoute(Impl& s, const HttpRequest& request, const Caller& caller,
+                      HttpResponder respond) {
+  auto body = ParseBody(request, respond);
+  if (!body) return;
+  if (!body->is_object())
+    return respond(HttpResponse::Error(400, "a token request must be a JSON object"));
+  for (const auto& [key, value] : body->items())
+    if (key != "user" && key != "team" && key != "role")
+      return respond(HttpResponse::Error(
+          400, fmt::format("unknown field '{}' (known: role, team, user)", key)));
+  auto text = [&](const char* field, std::string fallback) -> std::optional<std::string> {
+    auto it = body->find(field);
+    if (it == body->end()) return fallback;
+    if (!it->is_string()) {
+      respond(HttpResponse::Error(400, fmt::format("'{}' must be a string", field)));
+      return std::nullopt;
+    }
+    return it->get<std::string>();
+  };
+  auto user = text("user", "");
+  if (!user) return;
+  auto team = text("team", "");
+  if (!team) return;
+  auto role_name = text("role", "user");
+  if (!role_name) return;
+  auto role = api::ParseRole(*role_name);
+  if (!role)
+    return respond(HttpResponse::Error(
+        400, fmt::format("'role' must be admin, user or agent, not '{}'", *role_name)));
+  if (!ValidUserName(*user))
+    return respond(HttpResponse::Error(
+        400,
+        fmt::format("'user' must be 1-64 letters, digits, '-', '_', '.' or '@', not '{}'", *user)));
+  if (!team->empty() && !ValidUserName(*team))
+    return respond(HttpResponse::Error(
+        400,
+        fmt::format("'team' must be 1-64 letters, digits, '-', '_', '.' or '@', not '{}'", *team)));
+  if (*role == Role::kUser && team->empty())
+    return respond(HttpResponse::Error(400, "'team' is required for a user token"));
+  std::lock_guard lock(s.mu);
+  if (RefuseMutationLocked(s, respond)) return;
+  std::vector<Mutation> batch;
+  CreatedToken created = s.CreateTokenLocked(*user, *team, *role, caller, WallMs(), batch);
+  s.CommitLocked(std::move(batch),
+                 AnswerWhenDurable(
+                     std::move(respond),
+                     JsonResponse(201, json{{"token", created.secret}, {"info", created.info}})));
+}
+
+void ListTokens(Impl& s, const HttpRequest&, const Caller&, HttpResponder respond) {
+  json list = json::array();
+  {
+    std::lock_guard lock(s.mu);
+    for (const auto& [id, entry] : s.tokens)
+      list.push_back(entry.info);
+  }
+  respond(JsonResponse(200, json{{"tokens", std::move(list)}}));
+}
+
+void RevokeToken(Impl& s, const HttpRequest& request, const Caller& caller, HttpResponder respond) {
+  const std::string id = request.PathParam("id");
+  std::lock_guard lock(s.mu);
+  auto it = s.tokens.find(id);
+  if (it == s.tokens.end())
+    return respond(HttpResponse::Error(404, fmt::format("no token {}", id)));
+  if (RefuseMutationLocked(s, respond)) return;
+  const api::TokenInfo info = it->second.info;
+  s.token_by_sha256.erase(it->second.sha256);
+  s.tokens.erase(it);
+  std::vector<Mutation> batch;
+  batch.push_back(Mutation::Delete(TokenKey(id)));
+  batch.push_back(s.AuditLocked(caller, "token.revoke", "token/" + id,
+                                fmt::format("user {} role {}", info.user, api::RoleName(info.role)),
+                                WallMs()));
+  s.CommitLocked(std::move(batch),
+                 AnswerWhenDurable(std::move(respond), JsonResponse(200, json{{"revoked", info}})));
+}
+
+void ListAudit(Impl& s, const HttpRequest& request, const Caller&, HttpResponder respond) {
+  std::string error;
+  auto limit = QueryInt(request, "limit", kDefaultListLimit, 1, kMaxListLimit, error);
+  if (!limit) return respond(HttpResponse::Error(400, error));
+  // The store has no reverse scan: keep the last `limit` entries of a forward one.
+  std::deque<std::string> last;
+  try {
+    s.store->Scan(kAuditPrefix, [&](std::string_view, std::string_view value) {
+      last.emplace_back(value);
+      if (static_cast<int64_t>(last.size()) > *limit) last.pop_front();
+    });
+  } catch (const std::exception& scan_error) {
+    return respond(StoreFailed(scan_error.what()));
+  }
+  json list = json::array();
+  for (auto it = last.rbegin(); it != last.rend(); ++it)
+    list.push_back(json::parse(*it));
+  respond(JsonResponse(200, json{{"entries", std::move(list)}}));
+}
+
+// ---- Agents -----------------------------------------------------------------------------------
+
+void Sync(Impl& s, const HttpRequest& request, const Caller&, HttpResponder respond) {
+  auto body = ParseBody(request, respond);
+  if (!body) return;
+  api::SyncRequest sync;
+  try {
+    sync = body->get<api::SyncRequest>();
+  } catch (const std::exception& error) {
+    return respond(HttpResponse::Error(400, fmt::format("bad sync request: {}", error.what())));
+  }
+  const std::string name = sync.node.name;
+  if (!ValidNodeName(name))
+    return respond(HttpResponse::Error(
+        400,
+        fmt::format("node name must be 1-253 letters, digits, '-', '_' or '.', not '{}'", name)));
+  std::unique_lock lock(s.mu);
+  if (s.failed()) return respond(HttpResponse::Error(503, s.FatalMessage()));
+  const TimeMs now = WallMs();
+  auto [it, registered] = s.nodes.try_emplace(name);
+  Impl::NodeEntry& node = it->second;
+  bool persist = false;
+  bool capacity_changed = false;
+  if (registered) {
+    node.record.registered_ms = now;
+    node.record.state = NodeState::kReady;
+    node.version = ++s.last_version;
+    persist = capacity_changed = true;
+    s.Log(fmt::format("node {} registered: {} GPU(s), backend {}, agent {}", name,
+                      sync.node.gpus.size(), sync.node.backend, sync.node.agent_url));
+  } else {
+    if (node.record.state == NodeState::kLost) {
+      node.record.state = node.record.drained ? NodeState::kDraining : NodeState::kReady;
+      persist = capacity_changed = true;
+      s.Log(fmt::format("node {} is back", name));
+    }
+    if (SchedulingShapeDiffers(node.record.report, sync.node)) {
+      persist = capacity_changed = true;
+      if (CountHealthyGpus(node.record.report) != CountHealthyGpus(sync.node))
+        s.Log(fmt::format("node {}: {} healthy GPU(s), was {}", name, CountHealthyGpus(sync.node),
+                          CountHealthyGpus(node.record.report)));
+    }
+    persist = persist || IdentityDiffers(node.record.report, sync.node);
+  }
+  node.record.report = std::move(sync.node);
+  node.record.last_seen_ms = now;
+  node.last_seen = std::chrono::steady_clock::now();
+  std::vector<Mutation> batch;
+  std::vector<std::string> wake;
+  if (persist) batch.push_back(s.PutNodeLocked(node));
+  if (capacity_changed) s.ChangedLocked();
+  for (const api::WorkloadReport& report : sync.workloads) {
+    auto job = s.jobs.find(report.job_id);
+    if (job == s.jobs.end()) continue;
+    const std::vector<std::string> on = s.NodesOf(job->second);
+    const ReportEffect effect = ApplyWorkloadReport(job->second, report, name, now);
+    if (!effect.changed) continue;
+    s.IndexJobLocked(job->second);
+    batch.push_back(s.PutJobLocked(job->second));
+    if (effect.ended) {
+      // The gang's other tasks leave the desired state (a failed gang stops as a whole).
+      for (const std::string& other : on) {
+        s.BumpLocked(other);
+        wake.push_back(other);
+      }
+      s.ChangedLocked();
+    }
+  }
+  if (batch.empty())
+    return s.FinishSyncLocked(name, sync.known_version, sync.wait_ms, std::move(respond));
+  Impl* impl = &s;
+  s.CommitLocked(
+      std::move(batch),
+      [impl, name, known = sync.known_version, wait = sync.wait_ms,
+       respond = std::move(respond)](const std::string& error) mutable {
+        if (!error.empty()) return respond(StoreFailed(error));
+        std::lock_guard relock(impl->mu);
+        impl->FinishSyncLocked(name, known, wait, std::move(respond));
+      },
+      std::move(wake));
+}
+
+// ---- Health and metrics -----------------------------------------------------------------------
+
+HttpResponse Healthz() {
+  return HttpResponse::Json(200, R"({"status": "ok"})");
+}
+
+HttpResponse Readyz(Impl& s) {
+  if (s.failed()) return HttpResponse::Error(503, s.FatalMessage());
+  std::lock_guard lock(s.mu);
+  if (s.stopping) return HttpResponse::Error(503, "the server is stopping");
+  if (!s.scheduler_running) return HttpResponse::Error(503, "the scheduling loop is not running");
+  return HttpResponse::Json(200, R"({"status": "ready"})");
+}
+
+HttpResponse Metrics(Impl& s) {
+  std::map<std::pair<std::string, std::string>, int64_t> jobs_by;
+  std::map<std::string, int64_t> nodes_by = {{"ready", 0}, {"draining", 0}, {"lost", 0}};
+  int64_t gpus_total = 0;
+  MilliGpu allocated_milli = 0;
+  uint64_t audit_entries = 0;
+  size_t parked = 0;
+  {
+    std::lock_guard lock(s.mu);
+    for (const auto& [id, job] : s.jobs)
+      ++jobs_by[{job.spec.queue, std::string(api::JobStateName(job.state))}];
+    for (const auto& [name, entry] : s.nodes) {
+      ++nodes_by[std::string(api::NodeStateName(entry.record.state))];
+      parked += entry.parked.size();
+      if (entry.record.state != NodeState::kLost)
+        gpus_total += static_cast<int64_t>(entry.record.report.gpus.size());
+    }
+    for (JobId id : s.active_jobs) {
+      const JobRecord& job = s.jobs.at(id);
+      allocated_milli += job.spec.gpu_milli_per_task * job.spec.tasks;
+    }
+    audit_entries = s.audit_entries;
+  }
+  std::string out;
+  out += "# HELP gpufleet_jobs Jobs by queue and state.\n# TYPE gpufleet_jobs gauge\n";
+  for (const auto& [key, count] : jobs_by)
+    out += fmt::format("gpufleet_jobs{{queue=\"{}\",state=\"{}\"}} {}\n", PromLabel(key.first),
+                       key.second, count);
+  out += "# HELP gpufleet_nodes Nodes by state.\n# TYPE gpufleet_nodes gauge\n";
+  for (const auto& [state, count] : nodes_by)
+    out += fmt::format("gpufleet_nodes{{state=\"{}\"}} {}\n", state, count);
+  out += fmt::format(
+      "# HELP gpufleet_gpus_total GPUs on nodes that are not lost.\n"
+      "# TYPE gpufleet_gpus_total gauge\ngpufleet_gpus_total {}\n",
+      gpus_total);
+  out += fmt::format(
+      "# HELP gpufleet_gpus_allocated GPUs held by scheduled, starting and running jobs.\n"
+      "# TYPE gpufleet_gpus_allocated gauge\ngpufleet_gpus_allocated {}\n",
+      static_cast<double>(allocated_milli) / kMilliPerGpu);
+  out +=
+      s.cycle_latency.Render("gpufleet_scheduler_cycle_seconds", "Duration of a scheduling cycle.");
+  out += fmt::format(
+      "# HELP gpufleet_scheduler_cycles_total Scheduling cycles run.\n"
+      "# TYPE gpufleet_scheduler_cycles_total counter\ngpufleet_scheduler_cycles_total {}\n",
+      s.cycles.load());
+  out += s.requests.Render("gpufleet_api_requests_total", "HTTP requests by method and code.");
+  out += s.request_latency.Render("gpufleet_api_request_seconds",
+                                  "Time to answer an HTTP request (long polls included).");
+  const store::GroupCommitter::Stats stats = s.committer->stats();
+  out += fmt::format(
+      "# HELP gpufleet_store_commit_groups_total Store commits (one fsync each).\n"
+      "# TYPE gpufleet_store_commit_groups_total counter\n"
+      "gpufleet_store_commit_groups_total {}\n"
+      "# HELP gpufleet_store_commit_batches_total Batches committed in those groups.\n"
+      "# TYPE gpufleet_store_commit_batches_total counter\n"
+      "gpufleet_store_commit_batches_total {}\n"
+      "# HELP gpufleet_store_commit_failures_total Store commits that failed.\n"
+      "# TYPE gpufleet_store_commit_failures_total counter\n"
+      "gpufleet_store_commit_failures_total {}\n"
+      "# HELP gpufleet_audit_entries Entries in the audit log.\n"
+      "# TYPE gpufleet_audit_entries gauge\ngpufleet_audit_entries {}\n"
+      "# HELP gpufleet_up 1 while the server can acknowledge changes, 0 after a store failure.\n"
+      "# TYPE gpufleet_up gauge\ngpufleet_up {}\n"
+      "# HELP gpufleet_agent_syncs_parked Agents' syncs held open until there is news.\n"
+      "# TYPE gpufleet_agent_syncs_parked gauge\ngpufleet_agent_syncs_parked {}\n",
+      stats.groups_committed, stats.batches_committed, stats.groups_failed, audit_entries,
+      s.failed() ? 0 : 1, parked);
+  return HttpResponse::Text(200, std::move(out), "text/plain; version=0.0.4; charset=utf-8");
+}
+
+// Tracks one request until it is answered (or its responder dropped), for metrics and Stop().
+class InFlight {
+ public:
+  InFlight(Impl& s, std::string method)
+      : s_(s), method_(std::move(method)), started_(std::chrono::steady_clock::now()) {
+    std::lock_guard lock(s_.in_flight_mu);
+    ++s_.in_flight;
+  }
+  ~InFlight() { Finish(0); }
+  InFlight(const InFlight&) = delete;
+  InFlight& operator=(const InFlight&) = delete;
+
+  // Returns false when already finished (a second answer, which the server ignores too).
+  bool Finish(int status) {
+    if (finished_.exchange(true)) return false;
+    if (status != 0) {
+      s_.requests.Count(method_, status);
+      s_.request_latency.Observe(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count());
+    }
+    std::lock_guard lock(s_.in_flight_mu);
+    if (--s_.in_flight == 0) s_.in_flight_cv.notify_all();
+    return true;
+  }
+
+ private:
+  Impl& s_;
+  const std::string method_;
+  const std::chrono::steady_clock::time_point started_;
+  std::atomic<bool> finished_{false};
+};
+
+}  // namespace
+
+std::optional<Caller> Server::Impl::Authenticate(const HttpRequest& request) const {
+  auto secret = BearerToken(request.Header("Authorization"));
+  if (!secret || !IsWellFormedSecret(*secret)) return std::nullopt;
+  const std::string digest = Sha256Hex(*secret);
+  std::lock_guard lock(mu);
+  // Looked up by digest: timing can reveal at most something about a SHA-256 output, which does
+  // not help guess a secret; the final comparison is constant-time all the same.
+  auto id = token_by_sha256.find(digest);
+  if (id == token_by_sha256.end()) return std::nullopt;
+  auto token = tokens.find(id->second);
+  if (token == tokens.end() || !ConstantTimeEquals(token->second.sha256, digest))
+    return std::nullopt;
+  return Caller{token->second.info};
+}
+
+void Server::Impl::Dispatch(HttpRequest request, HttpResponder respond) {
+  auto tracker = std::make_shared<InFlight>(*this, request.method);
+  router.Dispatch(std::move(request),
+                  [tracker, respond = std::move(respond)](HttpResponse response) {
+                    if (tracker->Finish(response.status)) respond(std::move(response));
+                  });
+}
+
+void Server::Impl::AddRoutes() {
+  router.Add("GET", "/healthz", [](const HttpRequest&) { return Healthz(); });
+  router.Add("GET", "/readyz", [this](const HttpRequest&) { return Readyz(*this); });
+  router.Add("GET", "/metrics", [this](const HttpRequest&) { return Metrics(*this); });
+
+  auto api = [this](std::string method, std::string_view pattern,
+                    std::initializer_list<Role> role_list, Handler handler) {
+    std::vector<Role> roles(role_list);
+    router.AddAsync(std::move(method), pattern,
+                    [this, roles, handler](HttpRequest request, HttpResponder respond) {
+                      auto caller = Authenticate(request);
+                      if (!caller) {
+                        HttpResponse refusal = HttpResponse::Error(
+                            401, request.Header("Authorization").empty()
+                                     ? "no token: send 'Authorization: Bearer <token>'"
+                                     : "unknown or revoked token");
+                        refusal.headers.emplace_back("WWW-Authenticate", "Bearer");
+                        return respond(std::move(refusal));
+                      }
+                      if (std::find(roles.begin(), roles.end(), caller->info.role) == roles.end())
+                        return respond(HttpResponse::Error(
+                            403, fmt::format("a token with role {} may not do this",
+                                             api::RoleName(caller->info.role))));
+                      handler(*this, request, *caller, std::move(respond));
+                    });
+  };
+  const auto people = {Role::kAdmin, Role::kUser};
+  const auto admin = {Role::kAdmin};
+  api("POST", "/api/v1/jobs", people, SubmitJob);
+  api("GET", "/api/v1/jobs", people, ListJobs);
+  api("GET", "/api/v1/jobs/{id}", people, GetJob);
+  api("POST", "/api/v1/jobs/{id}/cancel", people, CancelJobRoute);
+  api("GET", "/api/v1/jobs/{id}/logs", people, JobLogs);
+  api("GET", "/api/v1/nodes", people, ListNodes);
+  api("POST", "/api/v1/nodes/{name}/drain", admin, DrainNode);
+  api("POST", "/api/v1/nodes/{name}/undrain", admin, UndrainNode);
+  api("GET", "/api/v1/queues", people, ListQueues);
+  api("GET", "/api/v1/whoami", {Role::kAdmin, Role::kUser, Role::kAgent}, Whoami);
+  api("POST", "/api/v1/tokens", admin, CreateTokenRoute);
+  api("GET", "/api/v1/tokens", admin, ListTokens);
+  api("DELETE", "/api/v1/tokens/{id}", admin, RevokeToken);
+  api("GET", "/api/v1/audit", admin, ListAudit);
+  api("POST", "/api/v1/agents/sync", {Role::kAgent, Role::kAdmin}, Sync);
+}
+
+}  // namespace gpufleet::server

@@ -1,0 +1,205 @@
+#pragma once
+
+// Server's insides, shared by server.cpp (state, store, threads) and server_api.cpp (the HTTP
+// routes). Not a public header.
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "api/types.h"
+#include "core/cluster.h"
+#include "net/http.h"
+#include "net/http_server.h"
+#include "sched/types.h"
+#include "server/metrics.h"
+#include "server/server.h"
+#include "store/group_commit.h"
+#include "store/store.h"
+
+namespace gpufleet::server {
+
+using SteadyTime = std::chrono::steady_clock::time_point;
+
+// Store keys (docs/server.md): ids zero-padded to 20 digits so key order is numeric order.
+std::string JobKey(JobId id);
+std::string NodeKey(const std::string& name);
+std::string TokenKey(const std::string& id);
+std::string AuditKey(uint64_t seq);
+inline constexpr std::string_view kJobPrefix = "jobs/";
+inline constexpr std::string_view kNodePrefix = "nodes/";
+inline constexpr std::string_view kTokenPrefix = "tokens/";
+inline constexpr std::string_view kAuditPrefix = "audit/";
+
+TimeMs WallMs();
+
+// A few threads for work that waits on the network (the logs proxy), so io threads never do.
+class WorkerPool {
+ public:
+  explicit WorkerPool(int threads);
+  ~WorkerPool();  // Stop()
+  void Post(std::function<void()> work);
+  void Stop();  // runs what is queued, then joins
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;
+};
+
+// Who is calling: the token's identity.
+struct Caller {
+  api::TokenInfo info;
+  bool admin() const { return info.role == api::Role::kAdmin; }
+};
+
+struct Server::Impl {
+  // A sync held until the node's desired state changes or its deadline passes.
+  struct Parked {
+    uint64_t known_version = 0;
+    SteadyTime deadline;
+    net::HttpResponder respond;
+  };
+  struct NodeEntry {
+    api::NodeRecord record;
+    uint64_t version = 0;  // of the node's desired state
+    SteadyTime last_seen;  // liveness on the steady clock; record.last_seen_ms is for people
+    std::vector<Parked> parked;
+  };
+  struct TokenEntry {
+    api::TokenInfo info;
+    std::string sha256;
+  };
+  // The scheduler's input, taken under the lock and used outside it.
+  struct Snapshot {
+    Cluster cluster;
+    std::vector<std::string> node_names;  // cluster position -> node name
+    std::vector<sched::RunningJob> running;
+    std::vector<sched::PendingJob> pending;
+    bool any_ready = false;
+    uint64_t generation = 0;
+  };
+  using CommitDone = std::function<void(const std::string& error)>;  // empty: durable
+
+  explicit Impl(ServerOptions server_options);
+  ~Impl();
+
+  // ---- server.cpp -------------------------------------------------------------------------
+  std::string Load();  // error message, empty on success
+  std::string Start();
+  void Stop();
+  void Log(const std::string& line) const;
+
+  // Mutations. Called with mu held: queues `batch` so that the store sees commits in the order
+  // memory changed; `done` runs on the store's writer thread once the batch is durable or failed.
+  // Nodes in `wake` have their parked syncs answered once the batch is durable.
+  void CommitLocked(std::vector<store::Mutation> batch, CommitDone done,
+                    std::vector<std::string> wake = {});
+  void OnStoreFailure(const std::string& error);
+  bool failed() const { return failed_.load(); }
+  std::string FatalMessage() const;
+
+  store::Mutation PutJobLocked(const api::JobRecord& job) const;
+  store::Mutation PutNodeLocked(const NodeEntry& node) const;
+  store::Mutation AuditLocked(const Caller& caller, std::string action, std::string target,
+                              std::string detail, TimeMs now);
+  void IndexJobLocked(const api::JobRecord& job);  // after any state change
+  // Gives the node a new desired version (its parked syncs are answered by the caller's commit).
+  void BumpLocked(const std::string& node);
+  // Nodes that run tasks of `job`.
+  std::vector<std::string> NodesOf(const api::JobRecord& job) const;
+  void WakeSchedulerLocked();
+  void ChangedLocked();  // something a scheduling decision may depend on changed
+
+  // Syncs.
+  api::SyncResponse DesiredLocked(const std::string& node) const;
+  void AnswerParkedLocked(const std::string& node);
+  void FinishSyncLocked(const std::string& node, uint64_t known_version, int32_t wait_ms,
+                        net::HttpResponder respond);
+
+  // Scheduling.
+  void SchedulerLoop();
+  void RunCycle();
+  Snapshot SnapshotLocked(TimeMs now) const;
+  void ApplyLocked(const Snapshot& snapshot, const sched::Decisions& decisions, TimeMs now);
+  // The cluster a new job is checked against (422): every node not lost, drained ones included
+  // (a drain is temporary); nothing while no node is ready.
+  const Cluster* FeasibilityClusterLocked();
+
+  // Lost nodes and long-poll deadlines.
+  void MaintenanceLoop();
+  void MarkLostLocked(NodeEntry& node, TimeMs now, std::vector<store::Mutation>& batch,
+                      std::vector<std::string>& wake);
+
+  CreatedToken CreateTokenLocked(const std::string& user, const std::string& team, api::Role role,
+                                 const Caller& actor, TimeMs now,
+                                 std::vector<store::Mutation>& batch);
+
+  // ---- server_api.cpp ---------------------------------------------------------------------
+  void AddRoutes();
+  void Dispatch(net::HttpRequest request, net::HttpResponder respond);
+  std::optional<Caller> Authenticate(const net::HttpRequest& request) const;
+
+  const ServerOptions options;
+  std::unique_ptr<store::Store> store;
+  std::unique_ptr<store::GroupCommitter> committer;
+  std::unique_ptr<net::HttpServer> http;
+  net::Router router;
+  WorkerPool proxy_pool{4};
+
+  // ---- State, guarded by mu -----------------------------------------------------------------
+  mutable std::mutex mu;
+  std::map<JobId, api::JobRecord> jobs;
+  std::set<JobId> pending_jobs;  // state pending
+  std::set<JobId> active_jobs;   // scheduled, starting or running
+  std::map<std::string, NodeEntry> nodes;
+  std::map<std::string, TokenEntry> tokens;                      // by id
+  std::unordered_map<std::string, std::string> token_by_sha256;  // -> id
+  JobId next_job_id = 1;
+  uint64_t next_audit_seq = 1;
+  uint64_t audit_entries = 0;
+  // Desired versions come from one counter that starts at the wall clock in microseconds, so a
+  // restarted server's versions differ from what agents saw before it restarted.
+  uint64_t last_version = 0;
+  uint64_t generation = 0;  // see ChangedLocked
+  uint64_t feasibility_generation = ~uint64_t{0};
+  std::optional<Cluster> feasibility_cluster;
+  bool stopping = false;
+  bool scheduler_wake = false;
+  bool scheduler_running = false;
+  std::condition_variable scheduler_cv;
+  std::condition_variable maintenance_cv;
+  std::thread scheduler_thread;
+  std::thread maintenance_thread;
+
+  // Requests dispatched but not answered yet: Stop() waits for them before stopping HTTP.
+  std::mutex in_flight_mu;
+  std::condition_variable in_flight_cv;
+  int64_t in_flight = 0;
+
+  std::atomic<bool> failed_{false};
+  mutable std::mutex fatal_mu;
+  mutable std::condition_variable fatal_cv;
+  std::string fatal;
+  bool stopped = false;  // Stop() finished
+
+  Histogram cycle_latency{CycleLatencyBuckets()};
+  Histogram request_latency{RequestLatencyBuckets()};
+  RequestCounter requests;
+  std::atomic<uint64_t> cycles{0};
+};
+
+}  // namespace gpufleet::server

@@ -1,0 +1,722 @@
+// The control plane through its HTTP API: a real Server on a loopback port with a temporary data
+// dir. Agents are played by the tests (plain calls to /api/v1/agents/sync), and so is an agent's
+// logs endpoint (a small HttpServer). Nothing is timed: waits poll a condition up to a generous
+// deadline, and a long poll that is not woken would outlast the client's timeout.
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "api/json.h"
+#include "net/http_client.h"
+#include "net/http_server.h"
+#include "server/server.h"
+#include "store/sqlite_store.h"
+
+namespace gpufleet::server {
+namespace {
+
+using namespace std::chrono_literals;
+using api::JobRecord;
+using api::JobState;
+using nlohmann::json;
+
+constexpr auto kDeadline = 15s;
+
+struct Reply {
+  int status = 0;
+  std::string body;
+  net::HttpClientResponse raw;
+  json Json() const { return json::parse(body); }
+};
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "gpufleet-server-test-XXXXXX").string();
+    path_ = ::mkdtemp(pattern.data());
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Polls `done` until it holds or the deadline passes.
+bool WaitUntil(const std::function<bool()>& done, std::chrono::milliseconds deadline = kDeadline) {
+  const auto until = std::chrono::steady_clock::now() + deadline;
+  while (std::chrono::steady_clock::now() < until) {
+    if (done()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return done();
+}
+
+api::NodeReport NodeReport(const std::string& name, int gpus = 4,
+                           const std::string& agent_url = "") {
+  api::NodeReport report;
+  report.name = name;
+  report.address = "10.0.0." + name.substr(name.size() - 1);
+  report.agent_url = agent_url.empty() ? "http://127.0.0.1:1" : agent_url;
+  report.backend = "sim";
+  report.cpu_milli = 64000;
+  report.memory_mib = 512 * 1024;
+  for (int i = 0; i < gpus; ++i) {
+    api::GpuStatus gpu;
+    gpu.index = i;
+    gpu.uuid = fmt::format("GPU-{}-{}", name, i);
+    gpu.model = "H100-80GB";
+    gpu.memory_mib = 81559;
+    report.gpus.push_back(gpu);
+  }
+  return report;
+}
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Start(); }
+  void TearDown() override { server_.reset(); }
+
+  void Start() {
+    ServerOptions options = options_;
+    options.data_dir = dir_.path();
+    options.port = 0;
+    auto opened = Server::Open(options);
+    ASSERT_TRUE(opened.server) << opened.error;
+    server_ = std::move(opened.server);
+    if (admin_.empty()) {
+      auto created = server_->CreateToken("root", "ops", api::Role::kAdmin, "test");
+      ASSERT_TRUE(created.token) << created.error;
+      admin_ = created.token->secret;
+      agent_ = Token("agent", "", "agent");
+      alice_ = Token("alice", "vision", "user");
+      bob_ = Token("bob", "speech", "user");
+    }
+  }
+
+  void Restart() {
+    server_.reset();
+    Start();
+  }
+
+  Reply Call(const std::string& method, const std::string& path, const std::string& token,
+             const std::string& body = "", std::chrono::milliseconds timeout = 10s) {
+    net::HttpCallOptions call;
+    call.body = body;
+    call.timeout = timeout;
+    if (!token.empty()) call.headers.emplace_back("Authorization", "Bearer " + token);
+    net::HttpResult result = net::HttpCall(method, server_->url() + path, call);
+    Reply reply;
+    EXPECT_TRUE(result.ok()) << method << " " << path << ": " << result.error;
+    if (!result.ok()) return reply;
+    reply.status = result.response->status;
+    reply.body = result.response->body;
+    reply.raw = *result.response;
+    return reply;
+  }
+
+  std::string Token(const std::string& user, const std::string& team, const std::string& role) {
+    const Reply reply = Call("POST", "/api/v1/tokens", admin_,
+                             json{{"user", user}, {"team", team}, {"role", role}}.dump());
+    EXPECT_EQ(reply.status, 201) << reply.body;
+    return reply.status == 201 ? reply.Json().at("token").get<std::string>() : "";
+  }
+
+  JobId Submit(const std::string& token, const json& job) {
+    const Reply reply = Call("POST", "/api/v1/jobs", token, job.dump());
+    EXPECT_EQ(reply.status, 201) << reply.body;
+    return reply.status == 201 ? reply.Json().at("id").get<JobId>() : 0;
+  }
+
+  JobRecord Job(JobId id, const std::string& token = "") {
+    const Reply reply =
+        Call("GET", fmt::format("/api/v1/jobs/{}", id), token.empty() ? admin_ : token);
+    EXPECT_EQ(reply.status, 200) << reply.body;
+    return reply.status == 200 ? reply.Json().get<JobRecord>() : JobRecord{};
+  }
+
+  bool WaitForState(JobId id, JobState state) {
+    return WaitUntil([&] { return Job(id).state == state; });
+  }
+
+  api::SyncResponse Sync(const api::NodeReport& node,
+                         std::vector<api::WorkloadReport> workloads = {},
+                         uint64_t known_version = 0, int32_t wait_ms = 0,
+                         std::chrono::milliseconds timeout = 10s) {
+    api::SyncRequest request;
+    request.node = node;
+    request.workloads = std::move(workloads);
+    request.known_version = known_version;
+    request.wait_ms = wait_ms;
+    const Reply reply = Call("POST", "/api/v1/agents/sync", agent_, json(request).dump(), timeout);
+    EXPECT_EQ(reply.status, 200) << reply.body;
+    return reply.status == 200 ? reply.Json().get<api::SyncResponse>() : api::SyncResponse{};
+  }
+
+  static const api::TaskLaunch* Find(const api::SyncResponse& response, JobId job) {
+    for (const api::TaskLaunch& launch : response.desired)
+      if (launch.job_id == job) return &launch;
+    return nullptr;
+  }
+
+  static api::WorkloadReport Report(const api::TaskLaunch& launch, std::string state,
+                                    std::optional<int32_t> exit_code = std::nullopt) {
+    api::WorkloadReport report;
+    report.workload_id = launch.workload_id;
+    report.job_id = launch.job_id;
+    report.rank = launch.rank;
+    report.attempt = launch.attempt;
+    report.state = std::move(state);
+    report.exit_code = exit_code;
+    return report;
+  }
+
+  size_t JobCount() {
+    const Reply reply = Call("GET", "/api/v1/jobs?limit=10000", admin_);
+    return reply.Json().at("jobs").size();
+  }
+
+  std::vector<std::string> AuditActions() {
+    const Reply reply = Call("GET", "/api/v1/audit", admin_);
+    EXPECT_EQ(reply.status, 200) << reply.body;
+    std::vector<std::string> actions;
+    const json entries = reply.Json().at("entries");
+    for (const json& entry : entries)
+      actions.push_back(entry.at("action").get<std::string>() + " " +
+                        entry.at("target").get<std::string>());
+    return actions;
+  }
+
+  TempDir dir_;
+  ServerOptions options_ = [] {
+    ServerOptions options;
+    options.schedule_interval_ms = 200;
+    options.heartbeat_ms = 60000;  // a long poll that is not woken outlasts the test's timeout
+    return options;
+  }();
+  std::unique_ptr<Server> server_;
+  std::string admin_, agent_, alice_, bob_;
+};
+
+const json kOneGpu = {{"command", {"python3", "train.py"}}, {"gpus", 1}};
+
+// ---- Jobs, bad input ---------------------------------------------------------------------------
+
+TEST_F(ServerTest, SubmittedJobIsVisibleAndWaitsForNodes) {
+  const JobId id = Submit(alice_, {{"name", "train"},
+                                   {"command", {"python3", "train.py"}},
+                                   {"gpus", 2},
+                                   {"env", {{"SEED", "1"}}}});
+  ASSERT_NE(id, 0u);
+  const JobRecord job = Job(id, alice_);
+  EXPECT_EQ(job.user, "alice");
+  EXPECT_EQ(job.team, "vision");
+  EXPECT_EQ(job.spec.name, "train");
+  EXPECT_EQ(job.spec.gpu_milli_per_task, 2000);
+  EXPECT_EQ(job.state, JobState::kPending);
+  EXPECT_EQ(job.reason, "no nodes are ready");
+  ASSERT_EQ(job.events.size(), 1u);
+  EXPECT_EQ(job.events[0].to, "pending");
+
+  const JobId second = Submit(alice_, kOneGpu);
+  EXPECT_EQ(second, id + 1);
+  EXPECT_EQ(Job(second).spec.name, "python3");  // unnamed: the command's first word
+  const json list = Call("GET", "/api/v1/jobs", alice_).Json().at("jobs");
+  ASSERT_EQ(list.size(), 2u);
+  EXPECT_EQ(list[0].at("id"), second);  // newest first
+  EXPECT_EQ(Call("GET", "/api/v1/jobs?state=running", alice_).Json().at("jobs").size(), 0u);
+  EXPECT_EQ(Call("GET", "/api/v1/jobs?limit=1", alice_).Json().at("jobs").size(), 1u);
+  EXPECT_EQ(Call("GET", "/api/v1/jobs?state=sleeping", alice_).status, 400);
+  EXPECT_EQ(Call("GET", "/api/v1/jobs?limit=0", alice_).status, 400);
+  EXPECT_EQ(Call("GET", "/api/v1/jobs?limit=10001", alice_).status, 400);
+}
+
+TEST_F(ServerTest, BadInputIsRefusedPreciselyAndNothingIsWritten) {
+  Sync(NodeReport("n1", 4));
+  const size_t audit_before = AuditActions().size();
+
+  Reply reply = Call("POST", "/api/v1/jobs", alice_, R"({"command": ["x"], "gpu": 1})");
+  EXPECT_EQ(reply.status, 400);
+  EXPECT_NE(reply.Json().at("error").get<std::string>().find("unknown field 'gpu'"),
+            std::string::npos)
+      << reply.body;
+  reply = Call("POST", "/api/v1/jobs", alice_, R"({"command": ["x"], )");
+  EXPECT_EQ(reply.status, 400);
+  EXPECT_NE(reply.body.find("malformed JSON"), std::string::npos) << reply.body;
+  reply = Call("POST", "/api/v1/jobs", alice_, R"({"gpus": 1})");
+  EXPECT_EQ(reply.status, 400);
+  EXPECT_NE(reply.body.find("'command' is required"), std::string::npos) << reply.body;
+
+  // More GPUs per task than any node has: can never run here.
+  reply = Call("POST", "/api/v1/jobs", alice_, R"({"command": ["x"], "gpus": 8})");
+  EXPECT_EQ(reply.status, 422);
+  EXPECT_NE(reply.body.find("can never run"), std::string::npos) << reply.body;
+  reply = Call("POST", "/api/v1/jobs", alice_, R"({"command": ["x"], "gpu_model": "A100-40GB"})");
+  EXPECT_EQ(reply.status, 422) << reply.body;
+
+  EXPECT_EQ(Call("GET", "/api/v1/jobs/abc", alice_).status, 400);
+  EXPECT_EQ(Call("GET", "/api/v1/jobs/99999999999999999999999", alice_).status, 400);
+  EXPECT_EQ(Call("GET", "/api/v1/jobs/42", alice_).status, 404);
+  EXPECT_EQ(Call("POST", "/api/v1/jobs/42/cancel", alice_).status, 404);
+  EXPECT_EQ(Call("POST", "/api/v1/jobs", alice_, std::string(2 << 20, ' ')).status, 413);
+  EXPECT_EQ(Call("POST", "/api/v1/tokens", admin_, R"({"user": "x", "rol": "user"})").status, 400);
+  EXPECT_EQ(Call("POST", "/api/v1/tokens", admin_, R"({"user": "x", "role": "god"})").status, 400);
+  EXPECT_EQ(Call("POST", "/api/v1/tokens", admin_, R"({"user": "x", "role": "user"})").status,
+            400);  // a user token needs a team
+  EXPECT_EQ(Call("POST", "/api/v1/agents/sync", agent_, R"({"node": {"name": "a/b"}})").status,
+            400);
+
+  EXPECT_EQ(JobCount(), 0u);
+  EXPECT_EQ(AuditActions().size(), audit_before);
+}
+
+// ---- Auth ---------------------------------------------------------------------------------------
+
+TEST_F(ServerTest, TokensRolesAndTeams) {
+  Reply reply = Call("GET", "/api/v1/jobs", "");
+  EXPECT_EQ(reply.status, 401);
+  EXPECT_EQ(reply.raw.Header("WWW-Authenticate"), "Bearer");
+  EXPECT_EQ(Call("GET", "/api/v1/jobs", "gpf_" + std::string(64, '0')).status, 401);
+  EXPECT_EQ(Call("GET", "/api/v1/jobs", "nonsense").status, 401);
+  EXPECT_EQ(Call("GET", "/healthz", "").status, 200);
+  EXPECT_EQ(Call("GET", "/readyz", "").status, 200);
+
+  const json me = Call("GET", "/api/v1/whoami", alice_).Json();
+  EXPECT_EQ(me.at("user"), "alice");
+  EXPECT_EQ(me.at("team"), "vision");
+  EXPECT_EQ(me.at("role"), "user");
+
+  const JobId speech = Submit(bob_, kOneGpu);
+  // Another team's job does not exist for alice, whatever she tries.
+  EXPECT_EQ(Call("GET", fmt::format("/api/v1/jobs/{}", speech), alice_).status, 404);
+  EXPECT_EQ(Call("POST", fmt::format("/api/v1/jobs/{}/cancel", speech), alice_).status, 404);
+  EXPECT_EQ(Call("GET", fmt::format("/api/v1/jobs/{}/logs", speech), alice_).status, 404);
+  EXPECT_EQ(Call("GET", "/api/v1/jobs", alice_).Json().at("jobs").size(), 0u);
+  EXPECT_EQ(Job(speech, bob_).state, JobState::kPending);
+  EXPECT_EQ(Call("GET", "/api/v1/jobs", admin_).Json().at("jobs").size(), 1u);
+
+  Sync(NodeReport("n1"));
+  EXPECT_EQ(Call("POST", "/api/v1/nodes/n1/drain", alice_).status, 403);
+  EXPECT_EQ(Call("GET", "/api/v1/tokens", alice_).status, 403);
+  EXPECT_EQ(Call("GET", "/api/v1/audit", alice_).status, 403);
+  EXPECT_EQ(Call("POST", "/api/v1/agents/sync", alice_, json(api::SyncRequest{}).dump()).status,
+            403);
+  EXPECT_EQ(Call("GET", "/api/v1/jobs", agent_).status, 403);
+  EXPECT_EQ(Call("POST", "/api/v1/nodes/n9/drain", admin_).status, 404);
+  reply = Call("POST", "/api/v1/nodes/n1/drain", admin_);
+  EXPECT_EQ(reply.status, 200) << reply.body;
+  EXPECT_EQ(reply.Json().at("state"), "draining");
+  EXPECT_EQ(Call("GET", "/api/v1/nodes", alice_).Json().at("nodes")[0].at("drained"), true);
+  EXPECT_EQ(Call("POST", "/api/v1/nodes/n1/undrain", admin_).Json().at("state"), "ready");
+
+  // Secrets are never listed; a revoked token stops working at once.
+  const std::string tokens = Call("GET", "/api/v1/tokens", admin_).body;
+  EXPECT_EQ(tokens.find(alice_), std::string::npos);
+  EXPECT_EQ(tokens.find("sha256"), std::string::npos);
+  EXPECT_EQ(Call("DELETE", "/api/v1/tokens/" + me.at("id").get<std::string>(), admin_).status, 200);
+  EXPECT_EQ(Call("GET", "/api/v1/whoami", alice_).status, 401);
+  EXPECT_EQ(Call("DELETE", "/api/v1/tokens/tok-00000000", admin_).status, 404);
+}
+
+// ---- Scheduling, agents, the lifecycle
+// ------------------------------------------------------------
+
+TEST_F(ServerTest, GangIsPlacedAcrossNodesAndRunsToSuccess) {
+  const api::NodeReport n1 = NodeReport("n1"), n2 = NodeReport("n2");
+  Sync(n1);
+  Sync(n2);
+  const JobId id = Submit(alice_, {{"command", {"torchrun", "train.py"}},
+                                   {"tasks", 2},
+                                   {"gpus", 4},
+                                   {"env", {{"SEED", "1"}, {"WORLD_SIZE", "64"}}}});
+  ASSERT_TRUE(WaitForState(id, JobState::kScheduled));
+  const JobRecord placed = Job(id);
+  ASSERT_EQ(placed.tasks.size(), 2u);
+  EXPECT_NE(placed.tasks[0].node, placed.tasks[1].node);
+  EXPECT_EQ(placed.tasks[0].gpu_indices.size(), 4u);
+  EXPECT_EQ(placed.tasks[0].gpu_uuids.size(), 4u);
+  EXPECT_EQ(placed.tasks[0].workload_id, fmt::format("j{}-r0-a0", id));
+
+  const api::NodeReport& rank0 = placed.tasks[0].node == "n1" ? n1 : n2;
+  const api::NodeReport& rank1 = placed.tasks[0].node == "n1" ? n2 : n1;
+  const api::SyncResponse d0 = Sync(rank0);
+  const api::SyncResponse d1 = Sync(rank1);
+  const api::TaskLaunch* t0 = Find(d0, id);
+  const api::TaskLaunch* t1 = Find(d1, id);
+  ASSERT_TRUE(t0 && t1);
+  EXPECT_EQ(t0->rank, 0);
+  EXPECT_EQ(t1->rank, 1);
+  EXPECT_EQ(t0->argv, (std::vector<std::string>{"torchrun", "train.py"}));
+  for (const api::TaskLaunch* launch : {t0, t1}) {
+    EXPECT_EQ(launch->env.at("MASTER_ADDR"), rank0.address);
+    EXPECT_EQ(launch->env.at("MASTER_PORT"), std::to_string(20000 + id % 10000));
+    EXPECT_EQ(launch->env.at("WORLD_SIZE"), "2");  // the gang's, not the job's 64
+    EXPECT_EQ(launch->env.at("GPUFLEET_NNODES"), "2");
+    EXPECT_EQ(launch->env.at("GPUFLEET_JOB_ID"), std::to_string(id));
+    EXPECT_EQ(launch->env.at("LOCAL_RANK"), "0");
+    EXPECT_EQ(launch->env.at("SEED"), "1");
+  }
+  EXPECT_EQ(t1->env.at("RANK"), "1");
+  EXPECT_EQ(t1->env.at("NODE_RANK"), "1");
+  EXPECT_EQ(t1->gpu_indices, placed.tasks[1].gpu_indices);
+
+  Sync(rank0, {Report(*t0, "running")}, d0.version);
+  EXPECT_EQ(Job(id).state, JobState::kStarting);
+  Sync(rank1, {Report(*t1, "running")}, d1.version);
+  const JobRecord running = Job(id);
+  EXPECT_EQ(running.state, JobState::kRunning);
+  EXPECT_GT(running.started_ms, 0);
+  EXPECT_EQ(Call("GET", "/api/v1/nodes", alice_).Json().at("nodes")[0].at("gpu_jobs").size(), 4u);
+
+  Sync(rank0, {Report(*t0, "exited", 0)}, d0.version);
+  Sync(rank1, {Report(*t1, "exited", 0)}, d1.version);
+  const JobRecord done = Job(id);
+  EXPECT_EQ(done.state, JobState::kSucceeded);
+  EXPECT_EQ(done.exit_code, 0);
+  std::vector<std::string> path;
+  for (const api::JobEvent& event : done.events)
+    path.push_back(event.to);
+  EXPECT_EQ(path,
+            (std::vector<std::string>{"pending", "scheduled", "starting", "running", "succeeded"}));
+  EXPECT_EQ(Find(Sync(rank0), id), nullptr);  // nothing left to run
+}
+
+TEST_F(ServerTest, FailedTaskFailsTheGangAndStopsTheOtherTask) {
+  Sync(NodeReport("n1"));
+  Sync(NodeReport("n2"));
+  const JobId id = Submit(alice_, {{"command", {"x"}}, {"tasks", 2}, {"gpus", 4}});
+  ASSERT_TRUE(WaitForState(id, JobState::kScheduled));
+  const JobRecord placed = Job(id);
+  const api::NodeReport rank0 = NodeReport(placed.tasks[0].node);
+  const api::NodeReport rank1 = NodeReport(placed.tasks[1].node);
+  const api::SyncResponse d0 = Sync(rank0);
+  const api::SyncResponse d1 = Sync(rank1);
+  ASSERT_TRUE(Find(d0, id) && Find(d1, id));
+  Sync(rank0, {Report(*Find(d0, id), "running")}, d0.version);
+  Sync(rank1, {Report(*Find(d1, id), "exited", 3)}, d1.version);
+
+  const JobRecord failed = Job(id);
+  EXPECT_EQ(failed.state, JobState::kFailed);
+  EXPECT_EQ(failed.reason, fmt::format("task 1 on node {} exited with code 3", rank1.name));
+  EXPECT_EQ(failed.exit_code, 3);
+  // Rank 0's node must stop its task: it is no longer desired, and its version moved on.
+  const api::SyncResponse after = Sync(rank0, {Report(*Find(d0, id), "running")}, d0.version);
+  EXPECT_EQ(Find(after, id), nullptr);
+  EXPECT_NE(after.version, d0.version);
+  EXPECT_EQ(Call("POST", fmt::format("/api/v1/jobs/{}/cancel", id), alice_).status, 409);
+}
+
+TEST_F(ServerTest, CancelRemovesTheJobFromDesired) {
+  Sync(NodeReport("n1"));
+  const JobId id = Submit(alice_, kOneGpu);
+  ASSERT_TRUE(WaitForState(id, JobState::kScheduled));
+  const api::SyncResponse before = Sync(NodeReport("n1"));
+  ASSERT_NE(Find(before, id), nullptr);
+  const Reply reply = Call("POST", fmt::format("/api/v1/jobs/{}/cancel", id), alice_);
+  EXPECT_EQ(reply.status, 200) << reply.body;
+  EXPECT_EQ(reply.Json().at("state"), "cancelled");
+  EXPECT_EQ(reply.Json().at("reason"), "cancelled by alice");
+  const api::SyncResponse after = Sync(NodeReport("n1"));
+  EXPECT_EQ(Find(after, id), nullptr);
+  EXPECT_NE(after.version, before.version);
+  EXPECT_EQ(Call("POST", fmt::format("/api/v1/jobs/{}/cancel", id), alice_).status, 409);
+}
+
+TEST_F(ServerTest, LongPollReturnsWhenAJobIsPlaced) {
+  const api::SyncResponse first = Sync(NodeReport("n1"));
+  EXPECT_TRUE(first.desired.empty());
+  // Held until something changes: the heartbeat is 60 s, past this call's own 30 s timeout, so
+  // only a wake-up can answer it in time.
+  auto poll = std::async(std::launch::async,
+                         [&] { return Sync(NodeReport("n1"), {}, first.version, 60000, 30s); });
+  // A sync that is already current and asks not to wait is answered at once.
+  EXPECT_EQ(Sync(NodeReport("n1"), {}, first.version, 0).version, first.version);
+  const JobId id = Submit(alice_, kOneGpu);
+  const api::SyncResponse woken = poll.get();
+  ASSERT_NE(Find(woken, id), nullptr);
+  EXPECT_NE(woken.version, first.version);
+  EXPECT_EQ(Job(id).state, JobState::kScheduled);
+}
+
+TEST_F(ServerTest, StopAnswersParkedPolls) {
+  const api::SyncResponse first = Sync(NodeReport("n1"));
+  auto poll = std::async(std::launch::async, [&] {
+    api::SyncRequest request;
+    request.node = NodeReport("n1");
+    request.known_version = first.version;
+    request.wait_ms = 60000;
+    net::HttpCallOptions call;
+    call.body = json(request).dump();
+    call.timeout = 30s;
+    call.headers.emplace_back("Authorization", "Bearer " + agent_);
+    return net::HttpCall("POST", server_->url() + "/api/v1/agents/sync", call);
+  });
+  ASSERT_TRUE(WaitUntil([&] {
+    return Call("GET", "/metrics", "").body.find("gpufleet_agent_syncs_parked 1") !=
+           std::string::npos;
+  }));
+  server_->Stop();
+  const net::HttpResult result = poll.get();
+  ASSERT_TRUE(result.ok()) << result.error;
+  EXPECT_EQ(result.response->status, 200) << result.response->body;
+  EXPECT_EQ(json::parse(result.response->body).at("version"), first.version);
+}
+
+class LostNodeTest : public ServerTest {
+ protected:
+  LostNodeTest() {
+    options_.node_timeout_ms = 300;
+    options_.heartbeat_ms = 100;
+  }
+};
+
+TEST_F(LostNodeTest, SilentNodeIsLostAndItsJobRunsElsewhere) {
+  std::atomic<bool> stop{false};
+  std::atomic<bool> n1_silent{false}, n2_silent{false};
+  // Both agents sync every few ms until told to fall silent.
+  std::thread agents([&] {
+    while (!stop) {
+      if (!n1_silent) Sync(NodeReport("n1"));
+      if (!n2_silent) Sync(NodeReport("n2"));
+      std::this_thread::sleep_for(20ms);
+    }
+  });
+  ASSERT_TRUE(WaitUntil(
+      [&] { return Call("GET", "/api/v1/nodes", admin_).Json().at("nodes").size() == 2; }));
+  const JobId id = Submit(alice_, {{"command", {"x"}}, {"gpus", 4}});
+  ASSERT_TRUE(WaitForState(id, JobState::kScheduled));
+  const std::string first_node = Job(id).tasks.at(0).node;
+  (first_node == "n1" ? n1_silent : n2_silent) = true;
+
+  const bool moved = WaitUntil([&] {
+    const JobRecord job = Job(id);
+    return job.attempt == 1 && job.state == JobState::kScheduled;
+  });
+  stop = true;
+  agents.join();
+  ASSERT_TRUE(moved);
+  const JobRecord job = Job(id);
+  EXPECT_NE(job.tasks.at(0).node, first_node);
+  EXPECT_EQ(job.tasks.at(0).workload_id, fmt::format("j{}-r0-a1", id));
+  bool saw_lost = false;
+  for (const api::JobEvent& event : job.events)
+    saw_lost = saw_lost || (event.to == "pending" &&
+                            event.reason.find("node " + first_node + " lost") != std::string::npos);
+  EXPECT_TRUE(saw_lost) << json(job).dump();
+  const json nodes = Call("GET", "/api/v1/nodes", admin_).Json().at("nodes");
+  for (const json& node : nodes)
+    EXPECT_EQ(node.at("state"), node.at("report").at("name") == first_node ? "lost" : "ready");
+
+  // A lost node that syncs again is ready again.
+  Sync(NodeReport(first_node));
+  const json back = Call("GET", "/api/v1/nodes", admin_).Json().at("nodes");
+  for (const json& node : back)
+    EXPECT_EQ(node.at("state"), "ready");
+}
+
+// ---- Store failure ---------------------------------------------------------------------------
+
+// SQLite underneath, but commits fail while `fail` is set: a full or broken disk.
+class FlakyStore : public store::Store {
+ public:
+  FlakyStore(std::unique_ptr<store::Store> inner, std::shared_ptr<std::atomic<bool>> fail)
+      : inner_(std::move(inner)), fail_(std::move(fail)) {}
+  std::string_view backend() const override { return inner_->backend(); }
+  std::string location() const override { return inner_->location(); }
+  void Commit(std::span<const store::Mutation> batch) override {
+    if (*fail_) throw store::StoreError("disk full (test)");
+    inner_->Commit(batch);
+  }
+  std::optional<std::string> Get(std::string_view key) const override { return inner_->Get(key); }
+  std::vector<std::pair<std::string, std::string>> List(std::string_view prefix) const override {
+    return inner_->List(prefix);
+  }
+  void Scan(std::string_view prefix,
+            const std::function<void(std::string_view, std::string_view)>& visit) const override {
+    inner_->Scan(prefix, visit);
+  }
+
+ private:
+  std::unique_ptr<store::Store> inner_;
+  std::shared_ptr<std::atomic<bool>> fail_;
+};
+
+class StoreFailureTest : public ServerTest {
+ protected:
+  StoreFailureTest() {
+    options_.open_store = [fail = fail_](const std::string& data_dir) {
+      return std::make_unique<FlakyStore>(store::OpenSqliteStore(data_dir), fail);
+    };
+  }
+  std::shared_ptr<std::atomic<bool>> fail_ = std::make_shared<std::atomic<bool>>(false);
+};
+
+TEST_F(StoreFailureTest, FailedCommitIsAnswered503AndStopsAllChanges) {
+  Sync(NodeReport("n1"));
+  const JobId durable = Submit(alice_, kOneGpu);
+  ASSERT_TRUE(WaitForState(durable, JobState::kScheduled));
+  // Commits are applied in order: once a later change is acknowledged, the placement is durable.
+  Token("carol", "vision", "user");
+  EXPECT_FALSE(server_->fatal_error());
+
+  *fail_ = true;
+  Reply reply = Call("POST", "/api/v1/jobs", alice_, kOneGpu.dump());
+  EXPECT_EQ(reply.status, 503);
+  EXPECT_NE(reply.body.find("disk full (test)"), std::string::npos) << reply.body;
+  ASSERT_TRUE(server_->WaitForFatal(0ms));
+  EXPECT_NE(server_->fatal_error()->find("disk full (test)"), std::string::npos);
+  EXPECT_EQ(Call("GET", "/readyz", "").status, 503);
+  EXPECT_NE(Call("GET", "/metrics", "").body.find("gpufleet_up 0"), std::string::npos);
+  // Nothing more is acknowledged, even once the disk is back: memory may be ahead of it.
+  *fail_ = false;
+  EXPECT_EQ(Call("POST", "/api/v1/jobs", alice_, kOneGpu.dump()).status, 503);
+  EXPECT_EQ(Call("POST", fmt::format("/api/v1/jobs/{}/cancel", durable), alice_).status, 503);
+  EXPECT_EQ(Call("POST", "/api/v1/agents/sync", agent_, json(api::SyncRequest{}).dump()).status,
+            400);  // bad input is still bad input
+  EXPECT_EQ(Call("GET", fmt::format("/api/v1/jobs/{}", durable), alice_).status, 200);
+
+  // A restart reloads what is durable: the job acknowledged before, not the one refused.
+  Restart();
+  EXPECT_FALSE(server_->fatal_error());
+  EXPECT_EQ(Job(durable).state, JobState::kScheduled);
+  EXPECT_EQ(Call("GET", fmt::format("/api/v1/jobs/{}", durable + 1), admin_).status, 404);
+  EXPECT_EQ(Submit(alice_, kOneGpu), durable + 1);
+}
+
+// ---- Logs ---------------------------------------------------------------------------------------
+
+TEST_F(ServerTest, LogsAreFetchedFromTheTasksAgent) {
+  std::mutex mu;
+  std::string seen_target;
+  net::Router fake;
+  fake.Add("GET", "/v1/workloads/{id}/logs", [&](const net::HttpRequest& request) {
+    {
+      std::lock_guard lock(mu);
+      seen_target = request.target;
+    }
+    net::HttpResponse response = net::HttpResponse::Text(200, "epoch 1\nepoch 2\n");
+    response.headers.emplace_back("X-Log-Next-Offset", "21");
+    response.headers.emplace_back("X-Log-Finished", "false");
+    response.headers.emplace_back("X-Other", "not passed");
+    return response;
+  });
+  auto agent = net::HttpServer::Start(
+      {}, [&fake](const net::HttpRequest& request) { return fake.Handle(request); });
+  ASSERT_TRUE(agent.server) << agent.error;
+
+  const JobId pending = Submit(alice_, kOneGpu);
+  Reply reply = Call("GET", fmt::format("/api/v1/jobs/{}/logs", pending), alice_);
+  EXPECT_EQ(reply.status, 200);
+  EXPECT_EQ(reply.body, "");
+  EXPECT_EQ(reply.raw.Header("X-Log-Finished"), "false");
+
+  Sync(NodeReport("n1", 4, "http://" + agent.server->address()));
+  ASSERT_TRUE(WaitForState(pending, JobState::kScheduled));
+  reply = Call("GET", fmt::format("/api/v1/jobs/{}/logs?stream=stderr&offset=5", pending), alice_);
+  EXPECT_EQ(reply.status, 200) << reply.body;
+  EXPECT_EQ(reply.body, "epoch 1\nepoch 2\n");
+  EXPECT_EQ(reply.raw.Header("X-Log-Next-Offset"), "21");
+  EXPECT_EQ(reply.raw.Header("X-Log-Finished"), "false");
+  EXPECT_EQ(reply.raw.Header("X-Other"), "");
+  {
+    std::lock_guard lock(mu);
+    EXPECT_EQ(seen_target,
+              fmt::format("/v1/workloads/j{}-r0-a0/logs?stream=stderr&offset=5", pending));
+  }
+  EXPECT_EQ(Call("GET", fmt::format("/api/v1/jobs/{}/logs?task=1", pending), alice_).status, 400);
+  EXPECT_EQ(Call("GET", fmt::format("/api/v1/jobs/{}/logs?stream=both", pending), alice_).status,
+            400);
+  EXPECT_EQ(Call("GET", fmt::format("/api/v1/jobs/{}/logs?offset=-1", pending), alice_).status,
+            400);
+
+  // An agent that is gone: a prompt 502 that names the node.
+  agent.server->Stop();
+  reply = Call("GET", fmt::format("/api/v1/jobs/{}/logs", pending), alice_);
+  EXPECT_EQ(reply.status, 502);
+  EXPECT_NE(reply.body.find("node n1"), std::string::npos) << reply.body;
+}
+
+// ---- Durability, audit, metrics
+// ------------------------------------------------------------------
+
+TEST_F(ServerTest, RestartReloadsJobsNodesTokensAndTheAuditLog) {
+  Sync(NodeReport("n1"));
+  const JobId placed = Submit(alice_, kOneGpu);
+  ASSERT_TRUE(WaitForState(placed, JobState::kScheduled));
+  const JobId cancelled = Submit(bob_, {{"command", {"x"}}, {"gpus", 4}});
+  ASSERT_EQ(Call("POST", fmt::format("/api/v1/jobs/{}/cancel", cancelled), bob_).status, 200);
+  ASSERT_EQ(Call("POST", "/api/v1/nodes/n1/drain", admin_).status, 200);
+  const JobRecord before = Job(placed);
+
+  Restart();
+  EXPECT_EQ(Call("GET", "/readyz", "").status, 200);
+  const JobRecord after = Job(placed, alice_);  // alice's token came back too
+  EXPECT_EQ(after.state, JobState::kScheduled);
+  EXPECT_EQ(after.tasks.at(0).workload_id, before.tasks.at(0).workload_id);
+  EXPECT_EQ(after.events.size(), before.events.size());
+  EXPECT_EQ(Job(cancelled, bob_).state, JobState::kCancelled);
+  const json nodes = Call("GET", "/api/v1/nodes", admin_).Json().at("nodes");
+  ASSERT_EQ(nodes.size(), 1u);
+  EXPECT_EQ(nodes[0].at("drained"), true);
+  EXPECT_EQ(nodes[0].at("gpu_jobs").size(), 1u);
+  EXPECT_EQ(Call("GET", "/api/v1/tokens", admin_).Json().at("tokens").size(), 4u);
+  // The agent's desired state survives too, and new ids continue after the old ones.
+  ASSERT_NE(Find(Sync(NodeReport("n1")), placed), nullptr);
+  EXPECT_EQ(Submit(alice_, kOneGpu), cancelled + 1);
+
+  const std::vector<std::string> actions = AuditActions();
+  const std::vector<std::string> expected = {
+      fmt::format("job.submit job/{}", cancelled + 1), "node.drain node/n1",
+      fmt::format("job.cancel job/{}", cancelled), fmt::format("job.submit job/{}", cancelled),
+      fmt::format("job.submit job/{}", placed)};
+  ASSERT_GE(actions.size(), expected.size() + 4);  // and the four token.create entries
+  EXPECT_EQ(std::vector<std::string>(actions.begin(), actions.begin() + 5), expected);
+  EXPECT_EQ(actions.back().substr(0, 12), "token.create");
+  EXPECT_EQ(Call("GET", "/api/v1/audit?limit=2", admin_).Json().at("entries").size(), 2u);
+}
+
+TEST_F(ServerTest, FirstAdminTokenFileIsPrivate) {
+  EXPECT_TRUE(server_->HasAdminToken());
+  const std::string path = dir_.path() + "/admin-token";
+  ASSERT_EQ(WritePrivateFile(path, admin_ + "\n"), "");
+  struct stat info {};
+  ASSERT_EQ(::stat(path.c_str(), &info), 0);
+  EXPECT_EQ(info.st_mode & 0777, 0600);
+}
+
+TEST_F(ServerTest, MetricsDescribeJobsNodesAndRequests) {
+  Sync(NodeReport("n1"));
+  const JobId id = Submit(alice_, kOneGpu);
+  ASSERT_TRUE(WaitForState(id, JobState::kScheduled));
+  const Reply reply = Call("GET", "/metrics", "");
+  EXPECT_EQ(reply.status, 200);
+  for (const char* line :
+       {"gpufleet_jobs{queue=\"default\",state=\"scheduled\"} 1",
+        "gpufleet_nodes{state=\"ready\"} 1", "gpufleet_gpus_total 4", "gpufleet_gpus_allocated 1",
+        "gpufleet_scheduler_cycle_seconds_bucket{le=\"0.0001\"}",
+        "gpufleet_scheduler_cycle_seconds_bucket{le=\"10\"}",
+        "gpufleet_api_requests_total{method=\"POST\",code=\"201\"}",
+        "gpufleet_api_request_seconds_count", "gpufleet_store_commit_groups_total",
+        "gpufleet_store_commit_batches_total"})
+    EXPECT_NE(reply.body.find(line), std::string::npos) << line << "\n" << reply.body;
+}
+
+}  // namespace
+}  // namespace gpufleet::server
