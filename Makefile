@@ -33,11 +33,10 @@ build: configure
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS) --timeout 600
 
-# Until the control plane lands, `make run` replays a real cluster trace through the scheduling
-# core and compares the queue-order policies.
+# A one-machine cluster: control plane + node agent, state in ./.gpufleet, real GPUs when NVML
+# finds them, simulated ones (said so in the banner) otherwise. Ctrl-C stops it.
 run: build
-	$(GPUFLEET) sim --trace examples/traces/itp-cluster10.csv --nodes 4 --gpus-per-node 8 \
-	  --nodes-per-rack 2 --load 0.9 --compare --plot out/sim.svg
+	$(GPUFLEET) dev $(DEV_ARGS)
 
 bench:
 	$(MAKE) build BUILD_DIR=build-release BUILD_TYPE=Release

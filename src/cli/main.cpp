@@ -8,6 +8,10 @@
 #include <fmt/format.h>
 
 #include "cli/agent_command.h"
+#include "cli/cluster_commands.h"
+#include "cli/dev_command.h"
+#include "cli/job_commands.h"
+#include "cli/server_command.h"
 #include "cli/sim_command.h"
 #include "core/version.h"
 
@@ -58,6 +62,14 @@ int main(int argc, char** argv) {
   CLI::App* sim = gpufleet::cli::AddSimCommand(app, sim_args);
   gpufleet::cli::AgentArgs agent_args;
   CLI::App* agent = gpufleet::cli::AddAgentCommand(app, agent_args);
+  gpufleet::cli::ServerArgs server_args;
+  CLI::App* server = gpufleet::cli::AddServerCommand(app, server_args);
+  gpufleet::cli::DevArgs dev_args;
+  CLI::App* dev = gpufleet::cli::AddDevCommand(app, dev_args);
+  gpufleet::cli::JobArgs job_args;
+  gpufleet::cli::AddJobCommands(app, job_args);
+  gpufleet::cli::ClusterArgs cluster_args;
+  gpufleet::cli::AddClusterCommands(app, cluster_args);
 
   if (argc >= 2 && std::string_view(argv[1]) == "help")
     return PrintHelp(app, std::vector<std::string>(argv + 2, argv + argc));
@@ -74,6 +86,10 @@ int main(int argc, char** argv) {
   }
   if (*sim) return gpufleet::cli::RunSim(sim_args);
   if (*agent) return gpufleet::cli::RunAgent(agent_args);
+  if (*server) return gpufleet::cli::RunServer(server_args);
+  if (*dev) return gpufleet::cli::RunDev(dev_args);
+  if (auto code = gpufleet::cli::RunJobCommands(job_args)) return *code;
+  if (auto code = gpufleet::cli::RunClusterCommands(cluster_args)) return *code;
   fmt::print(stderr, "{}", HelpText(app, "gpufleet"));
   return kExitUsage;
 }

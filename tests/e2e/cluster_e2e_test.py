@@ -1,0 +1,247 @@
+"""End to end through the real binaries on loopback: a user submits, watches, reads logs of and
+cancels jobs with the CLI; teams cannot touch each other's jobs; a running job outlives its
+agent's restart; a lost node's job is requeued elsewhere; and a server killed with SIGKILL under
+a stream of submissions loses none it acknowledged.
+
+Usage: cluster_e2e_test.py path/to/gpufleet [test-name ...]"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from e2e_testlib import (Cluster, api, check, http, kill_recorded_workloads, pid_alive,
+                         run_tests, wait_until)
+
+
+def test_cli_submit_logs_cancel(gpufleet):
+    with Cluster(gpufleet, "cli") as cluster:
+        cluster.start_server()
+        cluster.start_agent("node-a")
+
+        out = cluster.cli("submit", "--gpus", "2", "--name", "hello", "--", "sh", "-c",
+                          "echo hello from $CUDA_VISIBLE_DEVICES rank $RANK of $WORLD_SIZE").stdout
+        check("submitted" in out, f"submit said {out!r}")
+        job_id = int(out.split("job ", 1)[1].split()[0].rstrip(":"))
+        job = cluster.wait_state(job_id, "succeeded")
+        check(job["tasks"][0]["node"] == "node-a" and len(job["tasks"][0]["gpu_indices"]) == 2,
+              f"placement: {job['tasks']}")
+        states = [event["to"] for event in job["events"]]
+        check(states[0] == "pending" and states[-1] == "succeeded" and "running" in states,
+              f"events: {states}")
+        logs = cluster.cli("logs", str(job_id)).stdout
+        gpus = ",".join(str(index) for index in job["tasks"][0]["gpu_indices"])
+        check(logs == f"hello from {gpus} rank 0 of 1\n", f"logs: {logs!r}")
+
+        listed = cluster.cli("jobs").stdout
+        check(re.search(rf"^\s*{job_id}\s.*succeeded", listed, re.MULTILINE),
+              f"jobs: {listed!r}")
+        shown = cluster.cli("job", "show", str(job_id)).stdout
+        check("succeeded" in shown and "running" in shown, f"job show: {shown!r}")
+        as_json = json.loads(cluster.cli("jobs", "-o", "json").stdout)
+        check(any(entry["id"] == job_id for entry in
+                  (as_json["jobs"] if isinstance(as_json, dict) else as_json)),
+              "jobs -o json lacks the job")
+
+        # A long job: follow its logs while it runs, then cancel it; its processes end.
+        out = cluster.cli("submit", "--gpus", "1", "--", "sh", "-c",
+                          "echo started pid $$; exec sleep 300").stdout
+        long_id = int(out.split("job ", 1)[1].split()[0].rstrip(":"))
+        cluster.wait_state(long_id, "running")
+        text = wait_until(lambda: (lambda t: t if "started pid" in t else None)(
+            cluster.logs(long_id)), 10, "the long job's first line")
+        pid = int(text.split("started pid ", 1)[1].split()[0])
+        check(pid_alive(pid), "the long job's process is not running")
+        cluster.cli("cancel", str(long_id))
+        job = cluster.wait_state(long_id, "cancelled")
+        wait_until(lambda: not pid_alive(pid), 15, "the cancelled job's process to end")
+        # A follow of a finished job prints what there is and returns.
+        followed = cluster.cli("logs", "-f", str(long_id), timeout=20).stdout
+        check("started pid" in followed, f"logs -f: {followed!r}")
+
+        nodes = cluster.cli("nodes").stdout
+        check("node-a" in nodes and "ready" in nodes, f"nodes: {nodes!r}")
+        queues = cluster.cli("queues").stdout
+        check("default" in queues, f"queues: {queues!r}")
+        top = cluster.cli("top", "--once").stdout
+        check("node-a" in top, f"top: {top!r}")
+
+        # More GPUs than the cluster has: refused at once, with the reason, and nothing stored.
+        refused = cluster.cli("submit", "--gpus", "8", "--nodes", "2", "--", "true", check_code=1)
+        check("GPU" in refused.stderr, f"impossible job: {refused.stderr!r}")
+        status, body = api(cluster.url, cluster.admin_token, "POST", "/api/v1/jobs",
+                           '{"command": ["true"], "gpus": 1, "colour": "red"}')
+        check(status == 400 and "colour" in body.get("error", ""), f"unknown field: {body}")
+        status, body = api(cluster.url, cluster.admin_token, "POST", "/api/v1/jobs", "{nope")
+        check(status == 400, f"malformed JSON: {status} {body}")
+        listed = json.loads(cluster.cli("jobs", "-o", "json").stdout)
+        listed = listed["jobs"] if isinstance(listed, dict) else listed
+        check(len(listed) == 2, f"a refused job was stored: {[j['id'] for j in listed]}")
+
+
+def test_teams_are_isolated(gpufleet):
+    with Cluster(gpufleet, "teams") as cluster:
+        cluster.start_server()
+        cluster.start_agent("node-a")
+        alice = cluster.token("alice", "vision")
+        bob = cluster.token("bob", "speech")
+        job = cluster.submit({"command": ["sh", "-c", "echo secret; sleep 300"], "gpus": 1}, bob)
+        cluster.wait_state(job["id"], "running")
+        for method, path in (("GET", f"/api/v1/jobs/{job['id']}"),
+                             ("POST", f"/api/v1/jobs/{job['id']}/cancel"),
+                             ("GET", f"/api/v1/jobs/{job['id']}/logs?task=0&offset=0")):
+            status, body = api(cluster.url, alice, method, path)
+            check(status == 404, f"alice {method} {path}: HTTP {status} {body}")
+        status, body = api(cluster.url, alice, "GET", "/api/v1/jobs")
+        check(status == 200 and body["jobs"] == [], f"alice sees bob's jobs: {body}")
+        refused = cluster.cli("cancel", str(job["id"]), token=alice, check_code=1)
+        check("error" in refused.stderr, f"alice's cancel: {refused.stderr!r}")
+        check(cluster.job(job["id"], bob)["state"] == "running", "bob's job was touched")
+        status, _ = api(cluster.url, alice, "POST", "/api/v1/nodes/node-a/drain")
+        check(status == 403, f"a user drained a node: HTTP {status}")
+        status, _ = api(cluster.url, None, "GET", "/api/v1/jobs")
+        check(status == 401, f"no token: HTTP {status}")
+        status, _ = api(cluster.url, "gpf_" + "0" * 64, "GET", "/api/v1/jobs")
+        check(status == 401, f"unknown token: HTTP {status}")
+        # Bob cancels his own; the audit log (admin) names both submissions and the cancel.
+        status, _ = api(cluster.url, bob, "POST", f"/api/v1/jobs/{job['id']}/cancel")
+        check(status == 200, f"bob's cancel: HTTP {status}")
+        status, audit = api(cluster.url, cluster.admin_token, "GET", "/api/v1/audit")
+        actions = [(entry["user"], entry["action"]) for entry in audit.get("entries", audit)
+                   ] if status == 200 else []
+        check(("bob", "job.submit") in actions and ("bob", "job.cancel") in actions,
+              f"audit: HTTP {status} {actions}")
+        status, _ = api(cluster.url, bob, "GET", "/api/v1/audit")
+        check(status == 403, f"a user read the audit log: HTTP {status}")
+
+
+def test_agent_restart_keeps_the_job(gpufleet):
+    with Cluster(gpufleet, "agent-restart") as cluster:
+        cluster.start_server()
+        token = cluster.token("agent-node-a", "system", "agent")
+        agent = cluster.start_agent("node-a", token=token)
+        marker = os.path.join(cluster.root, "release")
+        job = cluster.submit({"command": ["sh", "-c", f"echo pid $$; while [ ! -e {marker} ]; "
+                                          "do sleep 0.1; done; echo released"], "gpus": 1})
+        cluster.wait_state(job["id"], "running")
+        text = wait_until(lambda: (lambda t: t if "pid" in t else None)(cluster.logs(job["id"])),
+                          10, "the job's pid")
+        pid = int(text.split("pid ", 1)[1].split()[0])
+
+        agent.stop(signal.SIGKILL)
+        check(pid_alive(pid), "the workload died with its agent")
+        cluster.start_agent("node-a", token=token)
+        check(pid_alive(pid), "the restarted agent relaunched or killed the workload")
+        check(cluster.job(job["id"])["state"] == "running", "the job left running")
+        open(marker, "w").close()
+        done = cluster.wait_state(job["id"], ("succeeded", "failed"))
+        check(done["state"] == "succeeded" and done["attempt"] == 0,
+              f"after the agent restart: {done['state']} attempt {done['attempt']}: "
+              f"{done['reason']}")
+        check("released" in cluster.logs(job["id"]), "the job's output after the restart")
+
+
+def test_lost_node_requeues_its_job(gpufleet):
+    with Cluster(gpufleet, "lost",
+                 server_args=["--node-timeout", "1500ms", "--heartbeat", "500ms"]) as cluster:
+        cluster.start_server()
+        cluster.start_agent("node-a", "127.0.0.2")
+        cluster.start_agent("node-b", "127.0.0.3")
+        job = cluster.submit({"command": ["sleep", "300"], "gpus": 4})
+        first = cluster.wait_state(job["id"], "running")
+        lost_node = first["tasks"][0]["node"]
+        other = "node-b" if lost_node == "node-a" else "node-a"
+        cluster.agents[lost_node].stop(signal.SIGKILL)
+        # The machine is gone: its workloads with it.
+        kill_recorded_workloads(os.path.join(cluster.root, f"agent-{lost_node}"))
+        again = wait_until(lambda: (lambda j: j if j["attempt"] == 1 and j["state"] == "running"
+                                    else None)(cluster.job(job["id"])), 30,
+                           "the job to run again elsewhere")
+        check(again["tasks"][0]["node"] == other, f"requeued onto {again['tasks'][0]['node']}")
+        check(any("lost" in event["reason"] for event in again["events"]),
+              f"no 'lost' event: {again['events']}")
+        node = next(n for n in cluster.nodes() if n["report"]["name"] == lost_node)
+        check(node["state"] == "lost", f"node state {node['state']}")
+        # Not restartable: failed instead. The first job makes room for it on the last node.
+        status, _ = api(cluster.url, cluster.admin_token, "POST", f"/api/v1/jobs/{job['id']}/cancel")
+        check(status == 200, f"cancel: HTTP {status}")
+        cluster.wait_state(job["id"], "cancelled")
+        job2 = cluster.submit({"command": ["sleep", "300"], "gpus": 4, "restartable": False})
+        cluster.wait_state(job2["id"], "running")
+        cluster.agents[other].stop(signal.SIGKILL)
+        kill_recorded_workloads(os.path.join(cluster.root, f"agent-{other}"))
+        failed = cluster.wait_state(job2["id"], "failed", timeout=30)
+        check("lost" in failed["reason"], f"reason: {failed['reason']}")
+
+
+def test_server_kill9_loses_no_acknowledged_job(gpufleet):
+    with Cluster(gpufleet, "kill9") as cluster:
+        cluster.start_server()
+        acknowledged = []
+        lock = threading.Lock()
+        stop = threading.Event()
+
+        def submitter(worker):
+            n = 0
+            while not stop.is_set():
+                try:
+                    status, body = api(cluster.url, cluster.admin_token, "POST", "/api/v1/jobs",
+                                       {"command": ["true"], "gpus": 1,
+                                        "name": f"w{worker}-{n}"}, timeout=5)
+                except OSError:
+                    return  # the server is gone: whatever was not answered was not promised
+                if status == 201:
+                    with lock:
+                        acknowledged.append((body["id"], body["spec"]["name"]))
+                n += 1
+
+        threads = [threading.Thread(target=submitter, args=(i,)) for i in range(8)]
+        for thread in threads:
+            thread.start()
+        wait_until(lambda: len(acknowledged) >= 300, 30, "300 acknowledged submissions")
+        cluster.kill_server()
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+        cluster.start_server()
+        for job_id, name in acknowledged:
+            job = cluster.job(job_id)
+            check(job["spec"]["name"] == name, f"job {job_id} came back as {job['spec']['name']}")
+        print(f"  {len(acknowledged)} acknowledged submissions all survived SIGKILL")
+
+
+def test_tls(gpufleet):
+    """HTTPS end to end: the agent syncs and the CLI talks over TLS, trusting only the CA given;
+    a client without it is refused by certificate verification, not served in the clear."""
+    with Cluster(gpufleet, "tls", tls=True) as cluster:
+        cluster.start_server()
+        check(cluster.url.startswith("https://"), f"server URL {cluster.url}")
+        cluster.start_agent("node-a")
+        out = cluster.cli("submit", "--gpus", "1", "--", "echo", "over tls").stdout
+        job_id = int(out.split("job ", 1)[1].split()[0].rstrip(":"))
+        cluster.wait_state(job_id, "succeeded")
+        check(cluster.cli("logs", str(job_id)).stdout == "over tls\n", "logs over TLS")
+        env = dict(os.environ, GPUFLEET_SERVER=cluster.url, GPUFLEET_TOKEN=cluster.admin_token)
+        env.pop("GPUFLEET_CA_FILE", None)
+        untrusting = subprocess.run([gpufleet, "jobs"], env=env, capture_output=True, text=True,
+                                    timeout=30, cwd=cluster.root)
+        check(untrusting.returncode != 0 and "certificate" in untrusting.stderr,
+              f"a client without the CA: exit {untrusting.returncode}: {untrusting.stderr!r}")
+        plain = cluster.url.replace("https://", "http://")
+        try:
+            status, _ = http("GET", plain + "/healthz", timeout=5)
+        except OSError:
+            status = 0
+        check(status != 200, "the TLS port answered plain HTTP")
+
+
+TESTS = [test_cli_submit_logs_cancel, test_teams_are_isolated, test_agent_restart_keeps_the_job,
+         test_lost_node_requeues_its_job, test_server_kill9_loses_no_acknowledged_job, test_tls]
+
+if __name__ == "__main__":
+    wanted = sys.argv[2:]
+    run_tests([test for test in TESTS if not wanted or test.__name__ in wanted])
