@@ -346,9 +346,12 @@ Mutation Server::Impl::AuditLocked(const Caller& caller, std::string action, std
 void Server::Impl::IndexJobLocked(const JobRecord& job) {
   pending_jobs.erase(job.id);
   active_jobs.erase(job.id);
-  if (job.state == JobState::kPending)
-    pending_jobs.insert(job.id);
-  else if (IsActive(job.state))
+  if (job.state == JobState::kPending) {
+    const Service service = ServiceOf(job, 0);  // a pending job's service does not grow
+    pending_jobs.emplace(job.id, std::make_shared<const sched::PendingJob>(
+                                     sched::PendingJob{ToJobSpec(job), service.attained_gpu_ms,
+                                                       service.last_run_end, service.preemptions}));
+  } else if (IsActive(job.state))
     active_jobs.insert(job.id);
 }
 
@@ -530,15 +533,26 @@ void Server::Impl::MaintenanceLoop() {
 // ---- Scheduling ------------------------------------------------------------------------------
 
 void Server::Impl::SchedulerLoop() {
+  // Changes wake the loop at once, but a burst of them (thousands of submissions a second) is
+  // coalesced: the next cycle starts no sooner than twice the last one's duration after it ends,
+  // so cycles over a long queue take at most a third of a core and of the state lock, and
+  // submissions are never starved. On an idle cluster a cycle takes well under a millisecond, so
+  // this adds nothing to the time from submit to running.
+  constexpr int kGapPerCycleTime = 2;
   std::unique_lock lock(mu);
+  SteadyTime next_allowed = std::chrono::steady_clock::now();
   while (!stopping) {
     scheduler_cv.wait_for(lock, std::chrono::milliseconds(options.schedule_interval_ms),
                           [this] { return stopping || scheduler_wake; });
     if (stopping) break;
+    if (scheduler_wake && std::chrono::steady_clock::now() < next_allowed)
+      scheduler_cv.wait_until(lock, next_allowed, [this] { return stopping; });
+    if (stopping) break;
     scheduler_wake = false;
     lock.unlock();
-    RunCycle();
+    const auto took = RunCycle();
     lock.lock();
+    next_allowed = std::chrono::steady_clock::now() + kGapPerCycleTime * took;
   }
   scheduler_running = false;
 }
@@ -602,47 +616,58 @@ Server::Impl::Snapshot Server::Impl::SnapshotLocked(TimeMs now) const {
     snapshot.running.push_back(sched::RunningJob{ToJobSpec(job), std::move(allocation),
                                                  service.run_start, service.attained_gpu_ms});
   }
+  if (!snapshot.any_ready) return snapshot;  // nothing can be placed: the queue is not needed
   snapshot.pending.reserve(pending_jobs.size());
-  for (JobId id : pending_jobs) {
-    const JobRecord& job = jobs.at(id);
-    const Service service = ServiceOf(job, now);
-    snapshot.pending.push_back(sched::PendingJob{ToJobSpec(job), service.attained_gpu_ms,
-                                                 service.last_run_end, service.preemptions});
-  }
+  for (const auto& [id, pending] : pending_jobs)
+    snapshot.pending.push_back(pending);
   return snapshot;
 }
 
-void Server::Impl::RunCycle() {
+std::chrono::steady_clock::duration Server::Impl::RunCycle() {
   const SteadyTime started = std::chrono::steady_clock::now();
   // Schedule() runs outside the lock; its decisions are applied only if nothing they depend on
   // changed meanwhile (the generation). After two tries the cycle holds the lock throughout.
   for (int attempt = 0;; ++attempt) {
     const bool hold_lock = attempt >= 2;
     std::unique_lock lock(mu);
-    if (stopping || failed()) return;
+    if (stopping || failed()) return std::chrono::steady_clock::now() - started;
     const TimeMs now = WallMs();
     Snapshot snapshot = SnapshotLocked(now);
     if (!hold_lock) lock.unlock();
     sched::Decisions decisions;
     bool decided = false;
     if (snapshot.any_ready && !snapshot.pending.empty()) {
+      // Explaining every waiting job costs as much as the cycle itself on a long queue; the
+      // placements are the same either way.
+      constexpr size_t kAlwaysExplainUpTo = 1000;
+      const SteadyTime cycle_start = std::chrono::steady_clock::now();
+      sched::CycleOptions cycle;
+      cycle.explain_all_waiting =
+          snapshot.pending.size() <= kAlwaysExplainUpTo ||
+          cycle_start - last_explained >= std::chrono::milliseconds(options.schedule_interval_ms);
+      std::vector<const sched::PendingJob*> pending;
+      pending.reserve(snapshot.pending.size());
+      for (const auto& job : snapshot.pending)
+        pending.push_back(job.get());
       try {
-        decisions = sched::Schedule(snapshot.cluster, snapshot.running, snapshot.pending, now,
-                                    options.scheduler);
+        decisions = sched::Schedule(snapshot.cluster, snapshot.running, pending, now,
+                                    options.scheduler, cycle);
         decided = true;
+        if (cycle.explain_all_waiting) last_explained = cycle_start;
       } catch (const std::exception& error) {
         Log(fmt::format("scheduling cycle skipped: {}", error.what()));
       }
     }
     if (!hold_lock) lock.lock();
-    if (stopping) return;
+    if (stopping) return std::chrono::steady_clock::now() - started;
     if (generation != snapshot.generation) continue;
     if (decided || !snapshot.any_ready) ApplyLocked(snapshot, decisions, now);
     break;
   }
   ++cycles;
-  cycle_latency.Observe(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  const auto took = std::chrono::steady_clock::now() - started;
+  cycle_latency.Observe(std::chrono::duration<double>(took).count());
+  return took;
 }
 
 void Server::Impl::ApplyLocked(const Snapshot& snapshot, const sched::Decisions& decisions,
@@ -693,13 +718,14 @@ void Server::Impl::ApplyLocked(const Snapshot& snapshot, const sched::Decisions&
   }
   // Why the others wait: recomputed every cycle, so kept in memory only (persisted with the
   // record's next real change).
-  if (!snapshot.any_ready) {
-    for (JobId id : pending_jobs) {
+  if (!snapshot.any_ready && !pending_marked_no_ready) {
+    for (const auto& [id, pending] : pending_jobs) {
       JobRecord& job = jobs.at(id);
       job.reason = "no nodes are ready";
       job.reason_code = "no_ready_nodes";
     }
   }
+  pending_marked_no_ready = !snapshot.any_ready;
   for (const sched::Waiting& waiting : decisions.waiting) {
     auto it = jobs.find(waiting.job);
     if (it == jobs.end() || it->second.state != JobState::kPending) continue;

@@ -88,7 +88,8 @@ struct Server::Impl {
     Cluster cluster;
     std::vector<std::string> node_names;  // cluster position -> node name
     std::vector<sched::RunningJob> running;
-    std::vector<sched::PendingJob> pending;
+    // Shared with pending_jobs: taking a snapshot of a long queue copies pointers, not specs.
+    std::vector<std::shared_ptr<const sched::PendingJob>> pending;
     bool any_ready = false;
     uint64_t generation = 0;
   };
@@ -132,7 +133,8 @@ struct Server::Impl {
 
   // Scheduling.
   void SchedulerLoop();
-  void RunCycle();
+  // Returns how long the cycle took, which spaces out the next one (SchedulerLoop).
+  std::chrono::steady_clock::duration RunCycle();
   Snapshot SnapshotLocked(TimeMs now) const;
   void ApplyLocked(const Snapshot& snapshot, const sched::Decisions& decisions, TimeMs now);
   // The cluster a new job is checked against (422): every node not lost, drained ones included
@@ -163,8 +165,9 @@ struct Server::Impl {
   // ---- State, guarded by mu -----------------------------------------------------------------
   mutable std::mutex mu;
   std::map<JobId, api::JobRecord> jobs;
-  std::set<JobId> pending_jobs;  // state pending
-  std::set<JobId> active_jobs;   // scheduled, starting or running
+  // State pending, with what the scheduler needs of each (fixed while the job is pending).
+  std::map<JobId, std::shared_ptr<const sched::PendingJob>> pending_jobs;
+  std::set<JobId> active_jobs;  // scheduled, starting or running
   std::map<std::string, NodeEntry> nodes;
   std::map<std::string, TokenEntry> tokens;                      // by id
   std::unordered_map<std::string, std::string> token_by_sha256;  // -> id
@@ -179,6 +182,12 @@ struct Server::Impl {
   std::optional<Cluster> feasibility_cluster;
   bool stopping = false;
   bool scheduler_wake = false;
+  // Every pending job's reason says no node is ready: set once when that becomes true, not on
+  // every cycle (submissions made meanwhile say so themselves).
+  bool pending_marked_no_ready = false;
+  // When the scheduler last said why every waiting job waits: a long queue is explained at most
+  // once per schedule interval, not on every cycle a submission triggers.
+  SteadyTime last_explained{};  // the scheduling thread's own
   bool scheduler_running = false;
   std::condition_variable scheduler_cv;
   std::condition_variable maintenance_cv;
