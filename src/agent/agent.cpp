@@ -32,15 +32,6 @@ using executor_internal::WallClockMs;
 // A log request never returns more than this (the tail of the output).
 constexpr int64_t kMaxLogBytes = int64_t{8} << 20;
 
-std::string Timestamp() {
-  const std::time_t now = std::time(nullptr);
-  std::tm utc{};
-  ::gmtime_r(&now, &utc);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
-  return text;
-}
-
 std::string DefaultHostname() {
   char name[256] = {};
   if (::gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "localhost";
@@ -126,6 +117,15 @@ std::string LastLines(const std::string& text, int64_t lines) {
 
 }  // namespace
 
+void LogToStderr(const std::string& message) {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  ::gmtime_r(&now, &utc);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  fmt::print(stderr, "{} agent: {}\n", stamp, message);
+}
+
 std::string SignalName(int32_t signal) {
   const char* abbreviation = ::sigabbrev_np(signal);
   return abbreviation ? fmt::format("SIG{}", abbreviation) : fmt::format("signal {}", signal);
@@ -181,7 +181,7 @@ struct AgentCore::State {
     if (options.log)
       options.log(message);
     else
-      fmt::print(stderr, "{} agent: {}\n", Timestamp(), message);
+      LogToStderr(message);
   }
   std::vector<int32_t> AllIndices() const {
     std::vector<int32_t> indices;

@@ -130,6 +130,8 @@ using gpufleet::ParseDurationMs;
 using gpufleet::ParseMemoryMib;
 // "SIGTERM" for 15; "signal 99" for numbers it does not know.
 std::string SignalName(int32_t signal);
+// Where the agent's lines go when no log function is given: stderr, with a UTC timestamp.
+void LogToStderr(const std::string& message);
 
 class AgentCore {
  public:

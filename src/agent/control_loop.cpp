@@ -4,6 +4,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <ctime>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <set>
@@ -40,15 +41,6 @@ TimeMs WallClockMs() {
   return std::chrono::duration_cast<milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
-}
-
-std::string Timestamp() {
-  const std::time_t now = std::time(nullptr);
-  std::tm utc{};
-  ::gmtime_r(&now, &utc);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
-  return text;
 }
 
 bool Active(WorkloadState state) {
@@ -122,7 +114,7 @@ struct ControlLoop::State {
     if (options.log)
       options.log(message);
     else
-      fmt::print(stderr, "{} agent: {}\n", Timestamp(), message);
+      LogToStderr(message);
   }
   bool Stopping() const {
     std::lock_guard lock(wakeup->mutex);
@@ -356,6 +348,18 @@ bool ControlLoop::State::LaunchTask(const api::TaskLaunch& task,
   request.cpu_milli = task.cpu_milli;
   request.memory_mib = task.memory_mib;
   request.max_runtime_ms = task.max_runtime_ms;
+  if (task.grace_period_ms > 0) request.grace_period_ms = task.grace_period_ms;
+  // One checkpoint directory per job, the same for every attempt, made before the task starts.
+  const std::string checkpoint_dir =
+      !task.checkpoint_dir.empty()
+          ? task.checkpoint_dir
+          : fmt::format("{}/checkpoints/job-{}", core.data_dir(), task.job_id);
+  std::error_code dir_error;
+  std::filesystem::create_directories(checkpoint_dir, dir_error);
+  if (dir_error)
+    return fail(fmt::format("cannot create the checkpoint directory {}: {}", checkpoint_dir,
+                            dir_error.message()));
+  request.env["GPUFLEET_CHECKPOINT_DIR"] = checkpoint_dir;
   auto launched = core.Launch(request);
   if (!launched.ok()) return fail(launched.error().message);
   // A command that cannot be executed is on disk as failed_to_start: reported from there.

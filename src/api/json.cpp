@@ -97,9 +97,11 @@ bool ValidEnvName(std::string_view name) {
 }
 
 const std::set<std::string, std::less<>> kSubmissionFields = {
-    "name",        "queue",       "priority",         "tasks",         "gpus",    "cpu",
-    "memory",      "gpu_model",   "command",          "env",           "workdir", "restartable",
-    "preemptible", "max_runtime", "runtime_estimate", "min_gpu_memory"};
+    "name",        "queue",       "priority",         "tasks",
+    "gpus",        "cpu",         "memory",           "gpu_model",
+    "command",     "env",         "workdir",          "restartable",
+    "preemptible", "max_runtime", "runtime_estimate", "min_gpu_memory",
+    "grace_period"};
 
 JobSubmission ParseSubmissionOrThrow(const json& body) {
   if (!body.is_object()) Fail(fmt::format("a job must be a JSON object, not {}", TypeName(body)));
@@ -143,6 +145,8 @@ JobSubmission ParseSubmissionOrThrow(const json& body) {
     job.max_runtime_ms = Quantity<TimeMs>(*it, "max_runtime", ParseDurationMs, "\"2h\"");
   if (auto it = body.find("runtime_estimate"); it != body.end())
     job.runtime_estimate_ms = Quantity<TimeMs>(*it, "runtime_estimate", ParseDurationMs, "\"30m\"");
+  if (auto it = body.find("grace_period"); it != body.end())
+    job.grace_period_ms = Quantity<TimeMs>(*it, "grace_period", ParseDurationMs, "\"2m\"");
 
   if (job.command.empty() || job.command.front().empty())
     Fail("'command' is required: the program and its arguments, e.g. [\"python3\", \"train.py\"]");
@@ -150,14 +154,19 @@ JobSubmission ParseSubmissionOrThrow(const json& body) {
     Fail(fmt::format("'name' must be 1-128 letters, digits, '-', '_' or '.', not '{}'", job.name));
   if (!ValidName(job.queue, 63))
     Fail(fmt::format("'queue' must be 1-63 letters, digits, '-', '_' or '.', not '{}'", job.queue));
+  // A day: a checkpoint that takes longer is a stuck job, and the GPUs wait for it.
+  constexpr TimeMs kMaxGracePeriodMs = 24 * 3600 * 1000;
+  if (job.grace_period_ms > kMaxGracePeriodMs)
+    Fail(fmt::format("'grace_period' must be at most 24h, not {} ms", job.grace_period_ms));
   if (!job.workdir.empty() && job.workdir.front() != '/')
     Fail(fmt::format("'workdir' must be an absolute path, not '{}'", job.workdir));
   for (const std::string& model : job.gpu_models)
     if (model.empty()) Fail("'gpu_model' must not be empty");
   if (job.gpu_milli_per_task > kMilliPerGpu && job.gpu_milli_per_task % kMilliPerGpu != 0)
-    Fail(fmt::format("'gpus' must be a whole number above 1 (a task takes whole GPUs, or a share "
-                     "of one), not {}",
-                     FormatGpus(job.gpu_milli_per_task)));
+    Fail(
+        fmt::format("'gpus' must be a whole number above 1 (a task takes whole GPUs, or a share "
+                    "of one), not {}",
+                    FormatGpus(job.gpu_milli_per_task)));
   JobSpec spec;
   spec.tasks = job.tasks;
   spec.gpu_milli_per_task = job.gpu_milli_per_task;
@@ -293,7 +302,8 @@ void to_json(json& out, const JobSubmission& value) {
              {"workdir", value.workdir},
              {"restartable", value.restartable},
              {"preemptible", value.preemptible},
-             {"max_runtime", fmt::format("{}ms", value.max_runtime_ms)}};
+             {"max_runtime", fmt::format("{}ms", value.max_runtime_ms)},
+             {"grace_period", fmt::format("{}ms", value.grace_period_ms)}};
   if (value.min_gpu_memory_mib > 0)
     out["min_gpu_memory"] = fmt::format("{}Mi", value.min_gpu_memory_mib);
   if (value.runtime_estimate_ms)
@@ -565,7 +575,9 @@ void to_json(json& out, const TaskLaunch& value) {
              {"gpu_indices", value.gpu_indices},
              {"cpu_milli", value.cpu_milli},
              {"memory_mib", value.memory_mib},
-             {"max_runtime_ms", value.max_runtime_ms}};
+             {"max_runtime_ms", value.max_runtime_ms},
+             {"grace_period_ms", value.grace_period_ms},
+             {"checkpoint_dir", value.checkpoint_dir}};
 }
 void from_json(const json& in, TaskLaunch& value) {
   Read(in, "workload_id", value.workload_id);
@@ -579,6 +591,8 @@ void from_json(const json& in, TaskLaunch& value) {
   Read(in, "cpu_milli", value.cpu_milli);
   Read(in, "memory_mib", value.memory_mib);
   Read(in, "max_runtime_ms", value.max_runtime_ms);
+  Read(in, "grace_period_ms", value.grace_period_ms);
+  Read(in, "checkpoint_dir", value.checkpoint_dir);
 }
 
 void to_json(json& out, const SyncResponse& value) {

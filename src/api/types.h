@@ -50,6 +50,9 @@ struct JobSubmission {
   bool preemptible = true;    // whether higher-priority work may stop it
   TimeMs max_runtime_ms = 0;  // JSON "max_runtime": "2h"; 0 = unlimited
   std::optional<TimeMs> runtime_estimate_ms;  // JSON "runtime_estimate": "30m", for SJF
+  // JSON "grace_period": "2m". On cancel or preemption: SIGTERM, this long to checkpoint and
+  // exit, then SIGKILL.
+  TimeMs grace_period_ms = 30000;
 };
 
 // One event in a job's history: a state change with its reason and time.
@@ -210,6 +213,10 @@ struct TaskLaunch {
   MilliCpu cpu_milli = 0;
   MiB memory_mib = 0;
   TimeMs max_runtime_ms = 0;
+  TimeMs grace_period_ms = 0;  // 0: the agent's default
+  // GPUFLEET_CHECKPOINT_DIR: the same for every attempt of the job. Empty: the agent's own
+  // <data-dir>/checkpoints/job-<id> (survives a requeue onto the same node only).
+  std::string checkpoint_dir;
 };
 
 struct SyncResponse {

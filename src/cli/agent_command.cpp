@@ -24,6 +24,7 @@
 #include "agent/agent_api.h"
 #include "agent/control_loop.h"
 #include "agent/shim.h"
+#include "cli/stop_signals.h"
 #include "core/version.h"
 #include "net/http_client.h"
 #include "net/http_server.h"
@@ -90,19 +91,6 @@ std::optional<agent::AgentOptions> CoreOptions(const AgentArgs& args) {
   }
   options.cgroup_mode = *mode;
   return options;
-}
-
-// Blocks SIGINT and SIGTERM in this thread and every thread started after, so they are read
-// synchronously (sigwait, signalfd) instead of killing the process.
-sigset_t BlockStopSignals() {
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  ::pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  // A client that hangs up must not kill the agent (the shim restores SIGPIPE for workloads).
-  std::signal(SIGPIPE, SIG_IGN);
-  return signals;
 }
 
 std::string BackendDescription(const AgentCore& core) {

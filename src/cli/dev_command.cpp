@@ -15,6 +15,7 @@
 #include "agent/agent.h"
 #include "agent/agent_api.h"
 #include "agent/control_loop.h"
+#include "cli/stop_signals.h"
 #include "core/version.h"
 #include "net/http_client.h"
 #include "net/http_server.h"
@@ -72,16 +73,6 @@ std::string SelfCommand() {
   const fs::path relative = fs::relative(self, fs::current_path(error), error);
   if (error || relative.empty() || relative.native().rfind("..", 0) == 0) return self.string();
   return relative.has_parent_path() ? relative.string() : "./" + relative.string();
-}
-
-sigset_t BlockStopSignals() {
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  ::pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  std::signal(SIGPIPE, SIG_IGN);
-  return signals;
 }
 
 }  // namespace

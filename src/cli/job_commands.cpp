@@ -227,6 +227,7 @@ std::string ShowJob(const api::JobRecord& job, TimeMs now_ms) {
   options.push_back(spec.preemptible ? "preemptible" : "not preemptible");
   if (spec.max_runtime_ms > 0)
     options.push_back(fmt::format("max runtime {}", FormatDuration(spec.max_runtime_ms)));
+  options.push_back(fmt::format("grace period {}", FormatDuration(spec.grace_period_ms)));
   if (spec.runtime_estimate_ms)
     options.push_back(fmt::format("estimated {}", FormatDuration(*spec.runtime_estimate_ms)));
   line("options", fmt::format("{}", fmt::join(options, ", ")));
@@ -592,6 +593,8 @@ std::optional<Submission> BuildSubmission(const SubmitArgs& args, std::string& e
                 "a size such as 40Gi") ||
       !quantity(args.max_runtime, "max_runtime", "--max-runtime", ParseDurationMs,
                 "a duration such as 2h, 30m or 90s") ||
+      !quantity(args.grace_period, "grace_period", "--grace-period", ParseDurationMs,
+                "a duration such as 2m or 30s") ||
       !quantity(args.runtime_estimate, "runtime_estimate", "--runtime-estimate", ParseDurationMs,
                 "a duration such as 2h, 30m or 90s"))
     return std::nullopt;
@@ -704,6 +707,9 @@ void AddJobCommands(CLI::App& app, JobArgs& args) {
   optional_string("--workdir", submit.workdir,
                   "Directory to run in on the nodes [a fresh one per task]");
   optional_string("--max-runtime", submit.max_runtime, "Stop the job after this long: 2h, 30m");
+  optional_string("--grace-period", submit.grace_period,
+                  "On cancel or preemption, time between SIGTERM and SIGKILL to checkpoint "
+                  "(default 30s)");
   optional_string("--runtime-estimate", submit.runtime_estimate,
                   "How long it should run (used by the sjf policy): 30m");
   command->add_flag("--no-restart", submit.no_restart,

@@ -33,6 +33,7 @@ struct SubmitArgs {
   std::vector<std::string> env;  // NAME=VALUE each; added to (and override) the file's env
   std::optional<std::string> workdir;
   std::optional<std::string> max_runtime;
+  std::optional<std::string> grace_period;
   std::optional<std::string> runtime_estimate;
   bool no_restart = false;
   bool not_preemptible = false;

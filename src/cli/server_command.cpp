@@ -9,6 +9,7 @@
 #include <signal.h>
 
 #include "agent/agent_api.h"
+#include "cli/stop_signals.h"
 #include "core/quantity.h"
 #include "core/version.h"
 #include "sched/policy.h"
@@ -93,6 +94,14 @@ std::optional<server::ServerOptions> Options(const ServerArgs& args) {
   }
   options.tls_cert_file = args.tls_cert;
   options.tls_key_file = args.tls_key;
+  if (!args.checkpoint_root.empty() && args.checkpoint_root.front() != '/') {
+    fmt::print(stderr,
+               "error: --checkpoint-root '{}' must be an absolute path (agents resolve it on "
+               "their own machines)\n",
+               args.checkpoint_root);
+    return std::nullopt;
+  }
+  options.checkpoint_root = args.checkpoint_root;
   options.log = [](const std::string& line) {
     const std::time_t now = std::time(nullptr);
     char stamp[32];
@@ -163,6 +172,9 @@ CLI::App* AddServerCommand(CLI::App& app, ServerArgs& args) {
   command->add_option("--tls-cert", args.tls_cert,
                       "Serve HTTPS with this PEM certificate (chain); needs --tls-key");
   command->add_option("--tls-key", args.tls_key, "The PEM private key of --tls-cert");
+  command->add_option("--checkpoint-root", args.checkpoint_root,
+                      "Shared storage every node mounts here: jobs checkpoint to "
+                      "<root>/job-<id> (default: each agent's data dir)");
   return command;
 }
 
@@ -171,12 +183,7 @@ int RunServer(const ServerArgs& args) {
   if (!options) return kExitUsage;
   // Blocked before any thread starts, so every thread inherits the mask and the signals are
   // read here, synchronously.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  ::pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  std::signal(SIGPIPE, SIG_IGN);
+  const sigset_t stop_signals = BlockStopSignals();
 
   const sched::SchedulerConfig scheduler = options->scheduler;
   auto opened = server::Server::Open(*options);

@@ -19,6 +19,7 @@ struct ServerArgs {
   bool preempt = false;
   std::string tls_cert;  // both or neither: HTTPS
   std::string tls_key;
+  std::string checkpoint_root;
 };
 
 CLI::App* AddServerCommand(CLI::App& app, ServerArgs& args);

@@ -209,7 +209,8 @@ int32_t MasterPort(JobId job) {
   return static_cast<int32_t>(20000 + job % 10000);
 }
 
-api::TaskLaunch MakeTaskLaunch(const JobRecord& job, int32_t rank, const std::string& master_addr) {
+api::TaskLaunch MakeTaskLaunch(const JobRecord& job, int32_t rank, const std::string& master_addr,
+                               const std::string& checkpoint_root) {
   const TaskStatus& task = job.tasks.at(static_cast<size_t>(rank));
   api::TaskLaunch launch;
   launch.workload_id = task.workload_id;
@@ -222,6 +223,9 @@ api::TaskLaunch MakeTaskLaunch(const JobRecord& job, int32_t rank, const std::st
   launch.cpu_milli = job.spec.cpu_milli_per_task;
   launch.memory_mib = job.spec.memory_mib_per_task;
   launch.max_runtime_ms = job.spec.max_runtime_ms;
+  launch.grace_period_ms = job.spec.grace_period_ms;
+  if (!checkpoint_root.empty())
+    launch.checkpoint_dir = fmt::format("{}/job-{}", checkpoint_root, job.id);
   launch.env = job.spec.env;
   // Assigned after the job's env: a job cannot break its own gang's rendezvous.
   const std::string world = std::to_string(job.tasks.size());
@@ -236,6 +240,9 @@ api::TaskLaunch MakeTaskLaunch(const JobRecord& job, int32_t rank, const std::st
   launch.env["GPUFLEET_TASK_INDEX"] = std::to_string(rank);
   launch.env["GPUFLEET_NNODES"] = world;
   launch.env["GPUFLEET_ATTEMPT"] = std::to_string(job.attempt);
+  // How many times the job was started before (preempted, its node lost): a job resumes from
+  // its checkpoint (GPUFLEET_CHECKPOINT_DIR, set by the agent) when this is above 0.
+  launch.env["GPUFLEET_RESTART_COUNT"] = std::to_string(job.attempt);
   return launch;
 }
 

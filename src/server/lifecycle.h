@@ -66,9 +66,11 @@ Service ServiceOf(const api::JobRecord& job, TimeMs now);
 
 // What the node of task `rank` must run: the job's command and env plus the gang's variables
 // (torchrun's MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, ...), which the job's env cannot
-// override. `master_addr` is rank 0's node address.
+// override. `master_addr` is rank 0's node address. `checkpoint_root`, when set, is a directory
+// every node sees (shared storage): the job's checkpoints go to <root>/job-<id>.
 api::TaskLaunch MakeTaskLaunch(const api::JobRecord& job, int32_t rank,
-                               const std::string& master_addr);
+                               const std::string& master_addr,
+                               const std::string& checkpoint_root = "");
 
 // Deterministic per job, in [20000, 30000): every rank computes the same one.
 int32_t MasterPort(JobId job);

@@ -420,7 +420,8 @@ api::SyncResponse Server::Impl::DesiredLocked(const std::string& node) const {
                           ? it->second.record.report.address
                           : master;
       }
-      response.desired.push_back(MakeTaskLaunch(job, task.rank, master_addr));
+      response.desired.push_back(
+          MakeTaskLaunch(job, task.rank, master_addr, options.checkpoint_root));
     }
   }
   return response;

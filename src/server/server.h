@@ -31,6 +31,9 @@ struct ServerOptions {
   // HTTPS with this PEM certificate (chain) and key when both are set; plain HTTP otherwise.
   std::string tls_cert_file;
   std::string tls_key_file;
+  // A directory every node sees (shared storage) for jobs' checkpoints; empty: each agent keeps
+  // them in its own data dir.
+  std::string checkpoint_root;
   // One line per notable event (node registered or lost, store failure); nothing when unset.
   std::function<void(const std::string&)> log;
   // Opens the store; unset: SQLite in data_dir. Another backend (etcd), or a test's, goes here.

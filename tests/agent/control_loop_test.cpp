@@ -12,6 +12,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -327,6 +328,33 @@ TEST_F(ControlLoopTest, LaunchesTheDesiredTaskOnItsGpusAndReportsRunningThenItsE
   ASSERT_TRUE(logs.ok());
   EXPECT_EQ(logs.value(), "1 2 5,2\n");
   EXPECT_EQ(loop_->Status().launches, 1);
+}
+
+TEST_F(ControlLoopTest, TasksGetTheirGracePeriodAndACheckpointDirectoryThatOutlivesAnAttempt) {
+  ASSERT_NO_FATAL_FAILURE(OpenCore());
+  ASSERT_NO_FATAL_FAILURE(StartLoop(LoopOptions()));
+  // The agent's own directory when the server names none; the one given otherwise.
+  api::TaskLaunch local_dir =
+      Task("j11-r0-a0", 11, {"sh", "-c", "echo $GPUFLEET_CHECKPOINT_DIR"}, {0});
+  local_dir.grace_period_ms = 120000;
+  api::TaskLaunch shared_dir = Task(
+      "j12-r0-a3", 12, {"sh", "-c", "echo saved > $GPUFLEET_CHECKPOINT_DIR/step; echo ok"}, {1});
+  shared_dir.attempt = 3;
+  shared_dir.checkpoint_dir = (root_ / "shared" / "job-12").string();
+  server_->SetDesired({local_dir, shared_dir});
+  ASSERT_TRUE(WaitUntil([&] { return server_->Saw("j11-r0-a0", "exited"); }, 20s));
+  ASSERT_TRUE(WaitUntil([&] { return server_->Saw("j12-r0-a3", "exited"); }, 20s));
+
+  const std::string expected_local = core_->data_dir() + "/checkpoints/job-11";
+  EXPECT_EQ(core_->Logs("j11-r0-a0", "stdout", std::nullopt).value(), expected_local + "\n");
+  EXPECT_TRUE(fs::is_directory(expected_local));
+  EXPECT_EQ(core_->Get("j11-r0-a0").value().spec.grace_period, 120000);
+  EXPECT_EQ(core_->Get("j12-r0-a3").value().spec.grace_period, kDefaultGracePeriodMs);
+  EXPECT_EQ(server_->Latest("j12-r0-a3")->exit_code, 0);
+  std::ifstream saved(root_ / "shared" / "job-12" / "step");
+  std::string line;
+  std::getline(saved, line);
+  EXPECT_EQ(line, "saved");
 }
 
 TEST_F(ControlLoopTest, CancelsWhatIsNoLongerDesiredAndLeavesLocalWorkloadsAlone) {

@@ -23,7 +23,7 @@ TEST(JobSubmission, ParsesEveryField) {
     "cpu": "500m", "memory": "2Gi", "gpu_model": ["H100-80GB", "A100-80GB"],
     "min_gpu_memory": "40Gi", "command": ["python3", "train.py"], "env": {"SEED": "1"},
     "workdir": "/tmp", "restartable": false, "preemptible": false, "max_runtime": "2h",
-    "runtime_estimate": "30m"})",
+    "runtime_estimate": "30m", "grace_period": "2m"})",
                                     error);
   ASSERT_TRUE(job) << error;
   EXPECT_EQ(job->name, "train");
@@ -41,6 +41,7 @@ TEST(JobSubmission, ParsesEveryField) {
   EXPECT_FALSE(job->preemptible);
   EXPECT_EQ(job->max_runtime_ms, 7'200'000);
   EXPECT_EQ(job->runtime_estimate_ms, 1'800'000);
+  EXPECT_EQ(job->grace_period_ms, 120'000);
 
   // What the server answers reads back as the same job.
   json shown = *job;
@@ -57,6 +58,7 @@ TEST(JobSubmission, DefaultsToOneWholeGpu) {
   EXPECT_EQ(job->gpu_milli_per_task, 1000);
   EXPECT_EQ(job->queue, "default");
   EXPECT_TRUE(job->restartable);
+  EXPECT_EQ(job->grace_period_ms, 30'000);
 }
 
 TEST(JobSubmission, NamesEachMistake) {
@@ -79,6 +81,10 @@ TEST(JobSubmission, NamesEachMistake) {
   EXPECT_NE(ErrorOf(R"({"command": ["x"], "env": {"1A": "x"}})").find("invalid variable name"),
             std::string::npos);
   EXPECT_NE(ErrorOf(R"({"command": ["x"], "restartable": "yes"})").find("true or false"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(R"({"command": ["x"], "grace_period": "25h"})").find("at most 24h"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(R"({"command": ["x"], "grace_period": "soon"})").find("'grace_period'"),
             std::string::npos);
 }
 
@@ -135,6 +141,8 @@ TEST(SyncMessages, RoundTrip) {
   launch.argv = {"true"};
   launch.env = {{"RANK", "0"}};
   launch.gpu_indices = {0};
+  launch.grace_period_ms = 90000;
+  launch.checkpoint_dir = "/shared/ckpt/job-1";
   response.desired.push_back(launch);
   json answer = response;
   EXPECT_EQ(json(answer.get<SyncResponse>()), answer);

@@ -178,6 +178,73 @@ def test_lost_node_requeues_its_job(gpufleet):
         check("lost" in failed["reason"], f"reason: {failed['reason']}")
 
 
+def read_file(path):
+    try:
+        with open(path) as file:
+            return file.read()
+    except OSError:
+        return None
+
+
+CHECKPOINTING_JOB = r"""
+echo "attempt $GPUFLEET_RESTART_COUNT in $GPUFLEET_CHECKPOINT_DIR"
+if [ -f "$GPUFLEET_CHECKPOINT_DIR/step" ]; then
+  echo "resumed from step $(cat "$GPUFLEET_CHECKPOINT_DIR/step")"; exit 0
+fi
+trap 'echo "SIGTERM: saving step 42"; echo 42 > "$GPUFLEET_CHECKPOINT_DIR/step"; exit 0' TERM
+echo 41 > "$GPUFLEET_CHECKPOINT_DIR/step"
+while true; do sleep 0.1; done
+"""
+
+
+def test_checkpoint_survives_requeue(gpufleet):
+    """A job's GPUFLEET_CHECKPOINT_DIR (under --checkpoint-root, storage both nodes see) is the
+    same on every attempt: the job requeued off a lost node resumes from it with
+    GPUFLEET_RESTART_COUNT 1. A cancelled job gets SIGTERM and its grace period to save."""
+    with Cluster(gpufleet, "checkpoint", server_args=[
+            "--node-timeout", "1500ms", "--heartbeat", "500ms"]) as cluster:
+        root = os.path.join(cluster.root, "checkpoints")
+        cluster.server_args += ["--checkpoint-root", root]
+        cluster.start_server()
+        cluster.start_agent("node-a", "127.0.0.2")
+        cluster.start_agent("node-b", "127.0.0.3")
+        job = cluster.submit({"command": ["sh", "-c", CHECKPOINTING_JOB], "gpus": 4,
+                              "grace_period": "20s"})
+        first = cluster.wait_state(job["id"], "running")
+        text = wait_until(lambda: (lambda t: t if "attempt" in t else None)(
+            cluster.logs(job["id"])), 10, "the first attempt's output")
+        job_dir = os.path.join(root, f"job-{job['id']}")
+        check(text == f"attempt 0 in {job_dir}\n", f"first attempt said {text!r}")
+        # The first attempt has checkpointed step 41; then its node is lost.
+        wait_until(lambda: read_file(os.path.join(job_dir, "step")) == "41\n", 10, "a checkpoint")
+        lost = first["tasks"][0]["node"]
+        cluster.agents[lost].stop(signal.SIGKILL)
+        kill_recorded_workloads(os.path.join(cluster.root, f"agent-{lost}"))
+        done = cluster.wait_state(job["id"], ("succeeded", "failed"), timeout=30)
+        check(done["state"] == "succeeded" and done["attempt"] == 1,
+              f"after the requeue: {done['state']} attempt {done['attempt']}: {done['reason']}")
+        check(done["tasks"][0]["node"] != lost, "the job came back on its lost node")
+        resumed = cluster.logs(job["id"])
+        check(resumed == f"attempt 1 in {job_dir}\nresumed from step 41\n",
+              f"the second attempt said {resumed!r}")
+
+        # Cancel: SIGTERM, and the job saves within its grace period instead of being killed.
+        again = cluster.submit({"command": ["sh", "-c", CHECKPOINTING_JOB], "gpus": 4,
+                                "grace_period": "20s"})
+        cluster.wait_state(again["id"], "running")
+        again_dir = os.path.join(root, f"job-{again['id']}")
+        wait_until(lambda: read_file(os.path.join(again_dir, "step")) == "41\n", 10,
+                   "the job to start working")
+        status, _ = api(cluster.url, cluster.admin_token, "POST",
+                        f"/api/v1/jobs/{again['id']}/cancel")
+        check(status == 200, f"cancel: HTTP {status}")
+        cluster.wait_state(again["id"], "cancelled")
+        wait_until(lambda: "saving step 42" in cluster.logs(again["id"]), 15,
+                   "the job's SIGTERM handler")
+        check(read_file(os.path.join(again_dir, "step")) == "42\n",
+              "the checkpoint written on SIGTERM")
+
+
 def test_server_kill9_loses_no_acknowledged_job(gpufleet):
     with Cluster(gpufleet, "kill9") as cluster:
         cluster.start_server()
@@ -240,7 +307,8 @@ def test_tls(gpufleet):
 
 
 TESTS = [test_cli_submit_logs_cancel, test_teams_are_isolated, test_agent_restart_keeps_the_job,
-         test_lost_node_requeues_its_job, test_server_kill9_loses_no_acknowledged_job, test_tls]
+         test_lost_node_requeues_its_job, test_checkpoint_survives_requeue,
+         test_server_kill9_loses_no_acknowledged_job, test_tls]
 
 if __name__ == "__main__":
     wanted = sys.argv[2:]

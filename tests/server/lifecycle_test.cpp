@@ -260,8 +260,13 @@ TEST(Lifecycle, TaskLaunchHasTheGangEnvironmentWhichTheJobCannotOverride) {
                                                        {"GPUFLEET_JOB_ID", "7"},
                                                        {"GPUFLEET_TASK_INDEX", "1"},
                                                        {"GPUFLEET_NNODES", "2"},
-                                                       {"GPUFLEET_ATTEMPT", "2"}};
+                                                       {"GPUFLEET_ATTEMPT", "2"},
+                                                       {"GPUFLEET_RESTART_COUNT", "2"}};
   EXPECT_EQ(launch.env, expected);
+  EXPECT_EQ(launch.grace_period_ms, 30000);
+  EXPECT_EQ(launch.checkpoint_dir, "");  // the agent's own
+  EXPECT_EQ(MakeTaskLaunch(job, 0, "10.0.0.1", "/shared/ckpt").checkpoint_dir,
+            "/shared/ckpt/job-7");
 }
 
 }  // namespace
