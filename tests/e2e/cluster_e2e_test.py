@@ -76,6 +76,8 @@ def test_cli_submit_logs_cancel(gpufleet):
         status, body = api(cluster.url, cluster.admin_token, "POST", "/api/v1/jobs",
                            '{"command": ["true"], "gpus": 1, "colour": "red"}')
         check(status == 400 and "colour" in body.get("error", ""), f"unknown field: {body}")
+        refused = cluster.cli("submit", "--gpus", "0.5", "--", "true", check_code=1)
+        check("GPU shares" in refused.stderr, f"a GPU share: {refused.stderr!r}")
         status, body = api(cluster.url, cluster.admin_token, "POST", "/api/v1/jobs", "{nope")
         check(status == 400, f"malformed JSON: {status} {body}")
         listed = json.loads(cluster.cli("jobs", "-o", "json").stdout)
