@@ -134,8 +134,9 @@ std::string SignalName(int32_t signal) {
 struct AgentCore::State {
   // What a workload that has not ended holds.
   struct Holding {
-    std::vector<size_t> positions;  // into inventory.gpus
-    std::string job_label;          // the gpufleet_gpu_job label
+    std::vector<size_t> positions;      // into inventory.gpus
+    MilliGpu gpu_milli = kMilliPerGpu;  // of each of them
+    std::string job_label;              // the gpufleet_gpu_job label
     int32_t pid = 0;
     bool launching = false;  // reserved by Launch, not yet known to the executor
   };
@@ -364,10 +365,13 @@ WorkloadView AgentCore::State::ViewOf(WorkloadStatus status) const {
 std::optional<std::vector<size_t>> AgentCore::State::ChooseGpusLocked(const LaunchRequest& request,
                                                                       AgentError& error) const {
   const size_t count = inventory.gpus.size();
-  std::vector<std::string> holder(count);
+  std::vector<std::string> holder(count);  // the holders of each GPU, for messages
+  std::vector<MilliGpu> used(count, 0);
   for (const auto& [id, holding] : active)
-    for (size_t position : holding.positions)
-      holder[position] = id;
+    for (size_t position : holding.positions) {
+      holder[position] += holder[position].empty() ? id : ", " + id;
+      used[position] += holding.gpu_milli;
+    }
   auto unhealthy_reason = [&](size_t position) -> std::string {
     if (position < latest.size() && !latest[position].health.healthy)
       return latest[position].health.Reason();
@@ -389,9 +393,13 @@ std::optional<std::vector<size_t>> AgentCore::State::ChooseGpusLocked(const Laun
         return std::nullopt;
       }
       const size_t position = found->second;
-      if (!holder[position].empty()) {
-        error = {AgentErrorKind::kConflict,
-                 fmt::format("GPU {} is in use by workload {}", index, holder[position])};
+      if (used[position] + request.gpu_milli > kMilliPerGpu) {
+        error = {
+            AgentErrorKind::kConflict,
+            request.gpu_milli < kMilliPerGpu
+                ? fmt::format("GPU {} has {}/1000 of its share free, {} asked (held by {})", index,
+                              kMilliPerGpu - used[position], request.gpu_milli, holder[position])
+                : fmt::format("GPU {} is in use by workload {}", index, holder[position])};
         return std::nullopt;
       }
       if (std::string reason = unhealthy_reason(position); !reason.empty()) {
@@ -540,6 +548,7 @@ AgentResult<std::unique_ptr<AgentCore>> AgentCore::Open(AgentOptions options) {
     State::Holding holding;
     holding.pid = status.pid;
     holding.job_label = spec.value().job_id != 0 ? std::to_string(spec.value().job_id) : status.id;
+    holding.gpu_milli = spec.value().gpu_milli;
     for (int32_t index : spec.value().gpu_indices) {
       auto found = state->position_of_index.find(index);
       if (found == state->position_of_index.end())
@@ -715,6 +724,10 @@ AgentResult<WorkloadView> AgentCore::Launch(const LaunchRequest& request) {
   if (request.gpu_count && request.gpu_indices)
     return bad("give the GPUs as a count or as indices, not both");
   if (request.gpu_count && *request.gpu_count < 0) return bad("the GPU count is negative");
+  if (request.gpu_milli <= 0 || request.gpu_milli > kMilliPerGpu)
+    return bad(fmt::format("a GPU share must be 1..1000 thousandths, not {}", request.gpu_milli));
+  if (request.gpu_milli < kMilliPerGpu && !request.gpu_indices)
+    return bad("a GPU share needs the GPU indices to share");
   const std::string id = request.id.empty() ? NewWorkloadId() : request.id;
 
   std::vector<size_t> positions;
@@ -730,6 +743,7 @@ AgentResult<WorkloadView> AgentCore::Launch(const LaunchRequest& request) {
     positions = std::move(*chosen);
     State::Holding holding;
     holding.positions = positions;
+    holding.gpu_milli = request.gpu_milli;
     holding.job_label = request.job_id != 0 ? std::to_string(request.job_id) : id;
     holding.launching = true;  // the executor does not know it yet: keep the reservation
     state.active.emplace(id, std::move(holding));
@@ -746,6 +760,17 @@ AgentResult<WorkloadView> AgentCore::Launch(const LaunchRequest& request) {
   for (size_t position : positions) {
     spec.gpu_indices.push_back(state.inventory.gpus[position].index);
     spec.gpu_uuids.push_back(state.inventory.gpus[position].uuid);
+  }
+  spec.gpu_milli = request.gpu_milli;
+  if (request.gpu_milli < kMilliPerGpu && !positions.empty()) {
+    // Nothing on the GPU enforces a share; the workload is told its part, e.g. for
+    // torch.cuda.set_per_process_memory_fraction (docs/agent.md).
+    MiB smallest = state.inventory.gpus[positions.front()].memory_total_mib;
+    for (size_t position : positions)
+      smallest = std::min(smallest, state.inventory.gpus[position].memory_total_mib);
+    spec.env["GPUFLEET_GPU_SHARE"] = fmt::format("{:.3f}", request.gpu_milli / 1000.0);
+    spec.env["GPUFLEET_GPU_MEMORY_LIMIT_MIB"] =
+        std::to_string(smallest * request.gpu_milli / kMilliPerGpu);
   }
   spec.cpu_milli = request.cpu_milli;
   spec.memory_mib = request.memory_mib;

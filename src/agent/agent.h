@@ -85,6 +85,9 @@ struct LaunchRequest {
   std::string workdir;
   std::optional<int32_t> gpu_count;                 // the agent picks free healthy GPUs
   std::optional<std::vector<int32_t>> gpu_indices;  // exactly these
+  // Of each GPU given by gpu_indices: less than kMilliPerGpu shares them with other workloads
+  // whose shares add up to at most one GPU. The workload is told its share and memory limit.
+  MilliGpu gpu_milli = kMilliPerGpu;
   MilliCpu cpu_milli = 0;
   MiB memory_mib = 0;
   TimeMs grace_period_ms = kDefaultGracePeriodMs;

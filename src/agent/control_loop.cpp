@@ -345,6 +345,7 @@ bool ControlLoop::State::LaunchTask(const api::TaskLaunch& task,
   request.env = task.env;
   request.workdir = task.workdir;
   request.gpu_indices = task.gpu_indices;  // exactly these, even none
+  request.gpu_milli = task.gpu_milli;
   request.cpu_milli = task.cpu_milli;
   request.memory_mib = task.memory_mib;
   request.max_runtime_ms = task.max_runtime_ms;

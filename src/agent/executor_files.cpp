@@ -37,6 +37,7 @@ json WorkloadToJson(const WorkloadSpec& spec) {
               {"workdir", spec.workdir},
               {"gpu_indices", spec.gpu_indices},
               {"gpu_uuids", spec.gpu_uuids},
+              {"gpu_milli", spec.gpu_milli},
               {"cpu_milli", spec.cpu_milli},
               {"memory_mib", spec.memory_mib},
               {"grace_period_ms", spec.grace_period},
@@ -54,6 +55,8 @@ void WorkloadFromJson(const json& object, WorkloadSpec& spec) {
   object.at("workdir").get_to(spec.workdir);
   object.at("gpu_indices").get_to(spec.gpu_indices);
   object.at("gpu_uuids").get_to(spec.gpu_uuids);
+  // Absent in specs written before GPUs could be shared: those held their GPUs whole.
+  spec.gpu_milli = object.value("gpu_milli", kMilliPerGpu);
   object.at("cpu_milli").get_to(spec.cpu_milli);
   object.at("memory_mib").get_to(spec.memory_mib);
   object.at("grace_period_ms").get_to(spec.grace_period);

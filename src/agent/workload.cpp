@@ -68,6 +68,8 @@ std::optional<std::string> ValidateWorkloadSpec(const WorkloadSpec& spec) {
     if (index < 0) return fmt::format("GPU index {} is negative", index);
     if (!seen.insert(index).second) return fmt::format("GPU index {} is listed twice", index);
   }
+  if (spec.gpu_milli <= 0 || spec.gpu_milli > kMilliPerGpu)
+    return fmt::format("a GPU share must be 1..1000 thousandths of a GPU, not {}", spec.gpu_milli);
   if (!spec.gpu_uuids.empty() && spec.gpu_uuids.size() != spec.gpu_indices.size())
     return fmt::format("{} GPU UUIDs for {} GPU indices", spec.gpu_uuids.size(),
                        spec.gpu_indices.size());

@@ -30,8 +30,10 @@ struct WorkloadSpec {
   // Nothing is inherited from the agent.
   std::map<std::string, std::string> env;
   std::string workdir;  // absolute; empty = a "work" directory inside the workload's directory
-  std::vector<int32_t> gpu_indices;             // NVML/PCI-order indices on this node
-  std::vector<std::string> gpu_uuids;           // same order as gpu_indices, or empty
+  std::vector<int32_t> gpu_indices;    // NVML/PCI-order indices on this node
+  std::vector<std::string> gpu_uuids;  // same order as gpu_indices, or empty
+  // Of each GPU: kMilliPerGpu holds it whole; less shares it with other workloads.
+  MilliGpu gpu_milli = kMilliPerGpu;
   MilliCpu cpu_milli = 0;                       // CPU quota; 0 = no limit
   MiB memory_mib = 0;                           // memory limit; 0 = no limit
   TimeMs grace_period = kDefaultGracePeriodMs;  // SIGTERM -> SIGKILL on cancel and timeout

@@ -573,6 +573,7 @@ void to_json(json& out, const TaskLaunch& value) {
              {"env", value.env},
              {"workdir", value.workdir},
              {"gpu_indices", value.gpu_indices},
+             {"gpu_milli", value.gpu_milli},
              {"cpu_milli", value.cpu_milli},
              {"memory_mib", value.memory_mib},
              {"max_runtime_ms", value.max_runtime_ms},
@@ -588,6 +589,7 @@ void from_json(const json& in, TaskLaunch& value) {
   Read(in, "env", value.env);
   Read(in, "workdir", value.workdir);
   Read(in, "gpu_indices", value.gpu_indices);
+  Read(in, "gpu_milli", value.gpu_milli);
   Read(in, "cpu_milli", value.cpu_milli);
   Read(in, "memory_mib", value.memory_mib);
   Read(in, "max_runtime_ms", value.max_runtime_ms);

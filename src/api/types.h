@@ -210,6 +210,7 @@ struct TaskLaunch {
   std::map<std::string, std::string> env;
   std::string workdir;
   std::vector<int32_t> gpu_indices;
+  MilliGpu gpu_milli = kMilliPerGpu;  // of each GPU; less: a share of it (fractional jobs)
   MilliCpu cpu_milli = 0;
   MiB memory_mib = 0;
   TimeMs max_runtime_ms = 0;

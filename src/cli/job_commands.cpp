@@ -689,7 +689,7 @@ void AddJobCommands(CLI::App& app, JobArgs& args) {
     command->add_option_function<int32_t>(
         flag, [&field](const int32_t& value) { field = value; }, help);
   };
-  optional_string("--gpus", submit.gpus, "GPUs per node (per task) [1]");
+  optional_string("--gpus", submit.gpus, "GPUs per node (per task); 0.5 shares a GPU [1]");
   optional_int("--nodes", submit.nodes,
                "Nodes: tasks started together as a gang, one per node [1]");
   command

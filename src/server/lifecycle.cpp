@@ -220,6 +220,7 @@ api::TaskLaunch MakeTaskLaunch(const JobRecord& job, int32_t rank, const std::st
   launch.argv = job.spec.command;
   launch.workdir = job.spec.workdir;
   launch.gpu_indices = task.gpu_indices;
+  if (!task.gpu_indices.empty() && task.gpu_milli > 0) launch.gpu_milli = task.gpu_milli;
   launch.cpu_milli = job.spec.cpu_milli_per_task;
   launch.memory_mib = job.spec.memory_mib_per_task;
   launch.max_runtime_ms = job.spec.max_runtime_ms;

@@ -177,13 +177,6 @@ void SubmitJob(Impl& s, const HttpRequest& request, const Caller& caller, HttpRe
   std::string error;
   auto spec = api::ParseJobSubmissionText(request.body, error);
   if (!spec) return respond(HttpResponse::Error(400, error));
-  // The scheduler packs GPU shares, but agents do not yet run two workloads on one GPU: a second
-  // share would fail to start. Refused now rather than failed later.
-  if (spec->gpu_milli_per_task % kMilliPerGpu != 0)
-    return respond(HttpResponse::Error(
-        422, fmt::format("'gpus' {}: GPU shares (a fraction of one GPU) are not run by the "
-                         "cluster's agents yet; ask for whole GPUs",
-                         api::FormatGpus(spec->gpu_milli_per_task))));
   if (spec->name.empty()) spec->name = DefaultName(spec->command);
   std::lock_guard lock(s.mu);
   if (RefuseMutationLocked(s, respond)) return;

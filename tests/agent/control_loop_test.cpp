@@ -357,6 +357,33 @@ TEST_F(ControlLoopTest, TasksGetTheirGracePeriodAndACheckpointDirectoryThatOutli
   EXPECT_EQ(line, "saved");
 }
 
+TEST_F(ControlLoopTest, SharesOfOneGpuRunSideBySideUpToAWholeGpu) {
+  ASSERT_NO_FATAL_FAILURE(OpenCore());
+  ASSERT_NO_FATAL_FAILURE(StartLoop(LoopOptions()));
+  const std::string say =
+      "echo $CUDA_VISIBLE_DEVICES $GPUFLEET_GPU_SHARE $GPUFLEET_GPU_MEMORY_LIMIT_MIB; ";
+  api::TaskLaunch half = Task("j21-r0-a0", 21, UntilFile("go", say), {3});
+  half.gpu_milli = 500;
+  api::TaskLaunch quarter = Task("j22-r0-a0", 22, UntilFile("go", say), {3});
+  quarter.gpu_milli = 250;
+  api::TaskLaunch too_much = Task("j23-r0-a0", 23, {"true"}, {3});
+  too_much.gpu_milli = 500;
+  server_->SetDesired({half, quarter});
+  ASSERT_TRUE(WaitUntil([&] { return server_->Saw("j21-r0-a0", "running"); }, 10s));
+  ASSERT_TRUE(WaitUntil([&] { return server_->Saw("j22-r0-a0", "running"); }, 10s));
+  // 500 + 250 + 500 is more than the GPU: the third fails to start, saying why.
+  server_->SetDesired({half, quarter, too_much});
+  ASSERT_TRUE(WaitUntil([&] { return server_->Saw("j23-r0-a0", "failed_to_start"); }, 10s));
+  EXPECT_THAT(server_->Latest("j23-r0-a0")->error, ::testing::HasSubstr("250/1000 of its share"));
+  EXPECT_EQ(core_->Get("j21-r0-a0").value().spec.gpu_milli, 500);
+
+  Touch("go");
+  ASSERT_TRUE(WaitUntil([&] { return server_->Saw("j22-r0-a0", "exited"); }, 20s));
+  // An H100-80GB has 81,559 MiB: half is 40,779, a quarter 20,389.
+  EXPECT_EQ(core_->Logs("j21-r0-a0", "stdout", std::nullopt).value(), "3 0.500 40779\n");
+  EXPECT_EQ(core_->Logs("j22-r0-a0", "stdout", std::nullopt).value(), "3 0.250 20389\n");
+}
+
 TEST_F(ControlLoopTest, CancelsWhatIsNoLongerDesiredAndLeavesLocalWorkloadsAlone) {
   ASSERT_NO_FATAL_FAILURE(OpenCore());
   // A workload of `agent run` or the local API: no job, never the server's business.

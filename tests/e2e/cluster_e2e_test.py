@@ -76,8 +76,6 @@ def test_cli_submit_logs_cancel(gpufleet):
         status, body = api(cluster.url, cluster.admin_token, "POST", "/api/v1/jobs",
                            '{"command": ["true"], "gpus": 1, "colour": "red"}')
         check(status == 400 and "colour" in body.get("error", ""), f"unknown field: {body}")
-        refused = cluster.cli("submit", "--gpus", "0.5", "--", "true", check_code=1)
-        check("GPU shares" in refused.stderr, f"a GPU share: {refused.stderr!r}")
         status, body = api(cluster.url, cluster.admin_token, "POST", "/api/v1/jobs", "{nope")
         check(status == 400, f"malformed JSON: {status} {body}")
         listed = json.loads(cluster.cli("jobs", "-o", "json").stdout)
@@ -178,6 +176,33 @@ def test_lost_node_requeues_its_job(gpufleet):
         kill_recorded_workloads(os.path.join(cluster.root, f"agent-{other}"))
         failed = cluster.wait_state(job2["id"], "failed", timeout=30)
         check("lost" in failed["reason"], f"reason: {failed['reason']}")
+
+
+def test_gpu_shares(gpufleet):
+    """Jobs asking for half a GPU share one: both run on the node's single GPU at once, each told
+    its share and memory limit; a third half waits until a share is free."""
+    with Cluster(gpufleet, "shares") as cluster:
+        cluster.start_server()
+        cluster.start_agent("node-a", gpus="1xA100-80GB")
+        go = os.path.join(cluster.root, "go")
+        command = ("echo share $GPUFLEET_GPU_SHARE of GPU $CUDA_VISIBLE_DEVICES, "
+                   f"$GPUFLEET_GPU_MEMORY_LIMIT_MIB MiB; while [ ! -e {go} ]; do sleep 0.1; done")
+        ids = []
+        for _ in range(3):
+            out = cluster.cli("submit", "--gpus", "0.5", "--", "sh", "-c", command).stdout
+            ids.append(int(out.split("job ", 1)[1].split()[0].rstrip(":")))
+        first, second = (cluster.wait_state(job_id, "running") for job_id in ids[:2])
+        check(first["tasks"][0]["gpu_indices"] == second["tasks"][0]["gpu_indices"] == [0],
+              f"the halves are on GPUs {first['tasks']} and {second['tasks']}")
+        third = cluster.job(ids[2])
+        check(third["state"] == "pending", f"a third half is {third['state']}")
+        text = wait_until(lambda: (lambda t: t if "share" in t else None)(cluster.logs(ids[0])),
+                          10, "the first half's output")
+        check(text.startswith("share 0.500 of GPU 0, "), f"the first half said {text!r}")
+        open(go, "w").close()
+        for job_id in ids:
+            check(cluster.wait_state(job_id, ("succeeded", "failed"))["state"] == "succeeded",
+                  f"job {job_id} did not succeed")
 
 
 def read_file(path):
@@ -309,7 +334,7 @@ def test_tls(gpufleet):
 
 
 TESTS = [test_cli_submit_logs_cancel, test_teams_are_isolated, test_agent_restart_keeps_the_job,
-         test_lost_node_requeues_its_job, test_checkpoint_survives_requeue,
+         test_lost_node_requeues_its_job, test_checkpoint_survives_requeue, test_gpu_shares,
          test_server_kill9_loses_no_acknowledged_job, test_tls]
 
 if __name__ == "__main__":
