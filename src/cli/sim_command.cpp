@@ -14,6 +14,7 @@
 
 #include "core/cluster.h"
 #include "sched/policy.h"
+#include "sim/queues.h"
 #include "sim/report.h"
 #include "sim/simulator.h"
 #include "sim/trace_readers.h"
@@ -115,7 +116,7 @@ struct RunPlan {
 };
 
 RunPlan PlanRun(const SimArgs& args, sched::QueueOrder order, const std::string& placement,
-                const sim::RunDescription& base) {
+                const sim::RunDescription& base, const std::vector<sim::QueueEntry>& queues) {
   RunPlan plan;
   plan.config.order = order;
   plan.config.backfill = args.backfill.empty() ? sched::DefaultBackfill(order)
@@ -126,6 +127,8 @@ RunPlan PlanRun(const SimArgs& args, sched::QueueOrder order, const std::string&
       "placement policy", placement, sched::ParsePlacementPolicy, sched::PlacementPolicyNames());
   plan.config.preempt = args.preempt;
   if (!args.las_limits_gpu_s.empty()) plan.config.las_queue_limits_gpu_s = args.las_limits_gpu_s;
+  for (const sim::QueueEntry& entry : queues)
+    plan.config.queues.push_back(entry.config);
 
   plan.options.restart_cost_ms = std::llround(args.restart_cost_s * kMsPerSecond);
   plan.options.mode =
@@ -188,7 +191,7 @@ int Run(const SimArgs& args) {
     format =
         ParseChoice<sim::TraceFormat>("trace format", args.format, ParseFormat, FormatChoices());
   }
-  (void)PlanRun(args, order, args.placement, {});  // validates backfill, placement, estimates
+  (void)PlanRun(args, order, args.placement, {}, {});  // validates backfill, placement, estimates
   const sim::SimMode mode =
       ParseChoice<sim::SimMode>("mode", args.mode, sim::ParseSimMode, sim::SimModeNames());
   if (!args.plot.empty() && mode == sim::SimMode::kFill)
@@ -219,7 +222,25 @@ int Run(const SimArgs& args) {
     throw UsageError(error.what());
   }
 
+  // Team queues: every job goes to one, before anything else looks at the jobs.
+  std::vector<sim::QueueEntry> queues;
+  if (!args.queues.empty()) {
+    if (mode == sim::SimMode::kFill) throw UsageError("--queues applies to replay mode only");
+    const auto queue_by = sim::ParseQueueBy(args.queue_by);
+    if (!queue_by)
+      throw UsageError(
+          fmt::format("unknown --queue-by '{}': vc, user, round-robin", args.queue_by));
+    try {
+      queues = sim::LoadQueuesFile(args.queues);
+      sim::AssignQueues(trace, queues, *queue_by);
+    } catch (const sim::QueuesError& error) {
+      throw UsageError(error.what());
+    }
+  }
+
   sim::RunDescription base;
+  base.queues_file = args.queues;
+  base.queue_by = args.queues.empty() ? "" : args.queue_by;
   base.trace = trace.source.empty() ? args.trace : trace.source;
   base.trace_format = std::string(sim::TraceFormatName(used_format));
   base.cluster = cluster.description;
@@ -260,7 +281,7 @@ int Run(const SimArgs& args) {
   }
   std::vector<sim::SimReport> reports;
   for (const auto& [run_order, placement] : variants) {
-    RunPlan plan = PlanRun(args, run_order, placement, base);
+    RunPlan plan = PlanRun(args, run_order, placement, base, queues);
     const auto started = std::chrono::steady_clock::now();
     sim::SimResult result = sim::Simulate(cluster.cluster, trace, plan.config, plan.options);
     const std::chrono::duration<double> took = std::chrono::steady_clock::now() - started;
@@ -350,6 +371,13 @@ CLI::App* AddSimCommand(CLI::App& app, SimArgs& args) {
   sim->add_option_function<double>(
       "--load", [&args](double load) { args.load = load; },
       "Scale inter-arrival times so that the offered load becomes this factor");
+  sim->add_option(
+      "--queues", args.queues,
+      "Team queues with guaranteed GPU quotas (YAML list; docs/sim.md, docs/quotas.md)");
+  sim->add_option("--queue-by", args.queue_by,
+                  "How trace jobs map to queues: vc (the trace's virtual cluster; user is the "
+                  "same column), round-robin")
+      ->capture_default_str();
   sim->add_flag("--skip-invalid", args.skip_invalid,
                 "Skip malformed rows and jobs that can never fit the cluster, and count them");
   sim->add_option("--limit", args.limit, "Read at most this many jobs");

@@ -27,6 +27,8 @@ struct SimArgs {
   std::string placement = "binpack";
   bool preempt = false;
   std::vector<int64_t> las_limits_gpu_s;  // empty: the scheduler's default
+  std::string queues;                     // team queues file (YAML); empty: no queues
+  std::string queue_by = "vc";            // vc | user | round-robin
   double restart_cost_s = 30;
   std::string estimates;  // empty: oracle for sjf and EASY backfill, else none
   std::string mode = "replay";

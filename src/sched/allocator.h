@@ -41,6 +41,7 @@ class Allocator {
   int64_t WholeGpuTasksAtMost(int32_t gpus_per_task) const;
 
   int64_t FreeGpuMilli() const { return free_gpu_milli_total_; }
+  const Cluster& cluster() const { return cluster_; }
   int64_t UsableGpuMilli() const { return usable_gpu_milli_total_; }
 
   // Whether both describe the same cluster with the same free capacity, however they got there.

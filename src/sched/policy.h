@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/types.h"
+#include "sched/queues.h"
 
 namespace gpufleet::sched {
 
@@ -41,6 +42,9 @@ struct SchedulerConfig {
   // Tiresias' starvation guard: a job that waited more than this many times its attained run time
   // goes back to the first queue. 0 disables it.
   double las_starvation_factor = 0.0;
+  // Team queues with guaranteed GPU quotas (docs/quotas.md). Empty: no quota logic at all, and
+  // jobs' queue names are ignored.
+  std::vector<QueueConfig> queues;
 };
 
 std::optional<QueueOrder> ParseQueueOrder(std::string_view name);

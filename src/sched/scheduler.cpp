@@ -9,22 +9,12 @@
 #include <unordered_set>
 
 #include "sched/allocator.h"
+#include "sched/quota_cycle.h"
+#include "sched/rank.h"
+#include "sched/reservation.h"
+#include "sched/shape.h"
 
 namespace gpufleet::sched {
-namespace {
-
-constexpr TimeMs kNever = std::numeric_limits<TimeMs>::max();
-
-// Lexicographic rank: smaller runs first. `cls` is the part that preemption compares: a job may
-// only preempt jobs of a strictly worse class, never a peer that merely arrived later.
-struct Rank {
-  std::pair<int64_t, int64_t> cls;
-  int64_t tiebreak1 = 0;
-  int64_t tiebreak2 = 0;
-  JobId id = 0;
-  auto Tuple() const { return std::tie(cls, tiebreak1, tiebreak2, id); }
-  bool operator<(const Rank& other) const { return Tuple() < other.Tuple(); }
-};
 
 int64_t LasQueue(int64_t attained_gpu_ms, const SchedulerConfig& config) {
   int64_t queue = 0;
@@ -64,32 +54,7 @@ Rank RankOf(const JobSpec& spec, int64_t attained_gpu_ms, TimeMs waiting_since, 
   return rank;
 }
 
-// Everything placement depends on; jobs of one shape fit or fail together within a cycle.
-struct Shape {
-  const JobSpec* spec;
-  bool operator==(const Shape& other) const {
-    const JobSpec& a = *spec;
-    const JobSpec& b = *other.spec;
-    return a.tasks == b.tasks && a.gpu_milli_per_task == b.gpu_milli_per_task &&
-           a.cpu_milli_per_task == b.cpu_milli_per_task &&
-           a.memory_mib_per_task == b.memory_mib_per_task &&
-           a.min_gpu_memory_mib == b.min_gpu_memory_mib && a.gpu_models == b.gpu_models;
-  }
-};
-struct ShapeHash {
-  size_t operator()(const Shape& shape) const {
-    const JobSpec& s = *shape.spec;
-    size_t h = std::hash<int64_t>{}(s.tasks);
-    auto mix = [&h](size_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
-    mix(std::hash<int64_t>{}(s.gpu_milli_per_task));
-    mix(std::hash<int64_t>{}(s.cpu_milli_per_task));
-    mix(std::hash<int64_t>{}(s.memory_mib_per_task));
-    mix(std::hash<int64_t>{}(s.min_gpu_memory_mib));
-    for (const std::string& model : s.gpu_models)
-      mix(std::hash<std::string>{}(model));
-    return h;
-  }
-};
+namespace {
 
 using Class = std::pair<int64_t, int64_t>;
 
@@ -343,7 +308,7 @@ class Cycle {
   // Records a waiting job; its reason is worked out only when explanations were asked for.
   template <typename Reason>
   void Wait(const JobSpec& spec, Reason&& reason) {
-    if (explain_) decisions_.waiting.push_back({spec.id, reason()});
+    if (explain_) decisions_.waiting.push_back({spec.id, reason(), std::nullopt});
   }
 
   std::optional<WaitReason> NeverFits(const JobSpec& spec) {
@@ -434,11 +399,6 @@ class Cycle {
     return true;
   }
 
-  struct Reservation {
-    TimeMs shadow_time = kNever;
-    int64_t spare_milli = 0;  // GPUs free at the shadow time beyond what the head needs
-  };
-
   // EASY backfill's reservation for the first job that does not fit, counted in GPUs over the
   // whole cluster: the shadow time is when enough running jobs will have ended (by their
   // estimates) for it. Jobs without an estimate are taken never to end.
@@ -452,19 +412,7 @@ class Cycle {
       ends.emplace_back(std::max(now_, job.start_time + *job.spec.runtime_estimate),
                         job.spec.TotalGpuMilli());
     }
-    std::sort(ends.begin(), ends.end());
-    Reservation reservation;
-    int64_t free = allocator_.FreeGpuMilli();
-    for (const auto& [end, milli] : ends) {
-      free += milli;
-      if (free >= head.TotalGpuMilli()) {
-        reservation.shadow_time = end;
-        reservation.spare_milli = free - head.TotalGpuMilli();
-        return reservation;
-      }
-    }
-    reservation.spare_milli = std::max<int64_t>(0, free - head.TotalGpuMilli());
-    return reservation;
+    return ReserveFor(std::move(ends), allocator_.FreeGpuMilli(), head.TotalGpuMilli());
   }
 
   std::span<const RunningJob> running_;
@@ -521,6 +469,9 @@ Decisions Schedule(const Allocator& capacity, std::span<const RunningJob> runnin
 Decisions ScheduleInPlace(Allocator& capacity, std::span<const RunningJob> running,
                           std::span<const PendingJob* const> pending, TimeMs now,
                           const SchedulerConfig& config, const CycleOptions& options) {
+  // Quotas take their own cycle, so that without queues every decision stays what it was.
+  if (!config.queues.empty())
+    return RunQuotaCycle(capacity, running, pending, now, config, options);
   return Cycle(capacity, running, now, config).Run(pending, options);
 }
 

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,7 +46,13 @@ struct Placement {
   Allocation allocation;
 };
 
-enum class PreemptReason { kHigherPriority, kLasDemotion };
+enum class PreemptReason {
+  kHigherPriority,  // a job of higher priority (of the same queue, when queues are configured)
+  kLasDemotion,     // 2D-LAS: a job of an earlier attained-service queue at the same priority
+  kReclaim,         // a queue below its guarantee takes back quota another queue borrowed
+};
+const char* PreemptReasonCode(PreemptReason reason);   // stable snake_case code
+std::string DescribePreemption(PreemptReason reason);  // a sentence for users
 
 struct Preemption {
   JobId job = 0;
@@ -63,16 +70,38 @@ enum class WaitReason {
   kInfeasibleGpuCount,       // more GPUs than the whole usable cluster has
   kInfeasibleTaskShape,      // no node can ever host one task (GPUs, CPU or memory per task)
   kInfeasibleGpuModel,       // no usable GPU of the asked model / memory exists
+  // Team queues (SchedulerConfig::queues):
+  kOverQuota,        // its queue would go above its guarantee plus what it may borrow
+  kCohortExhausted,  // it may borrow, but the cohort has no unused guarantee left for it
+  kUnknownQueue,     // names a queue that is not configured
+  kInfeasibleQuota,  // asks more than its queue could ever hold, even borrowing all it may
 };
 
 bool IsInfeasible(WaitReason reason);
 const char* WaitReasonCode(WaitReason reason);  // stable snake_case code for APIs and JSON
 std::string DescribeWait(WaitReason reason, const JobSpec& spec);  // a sentence for users
 
+// The numbers behind a quota wait, so that the user sentence can name them.
+struct QuotaWait {
+  std::string queue;
+  std::string cohort;      // empty when the queue has none
+  std::string model;       // the GPU model of a per-model guarantee; empty: all models
+  int64_t used_milli = 0;  // what the queue's running jobs hold
+  int64_t ask_milli = 0;   // what the job asks
+  int64_t guaranteed_milli = 0;
+  int64_t borrowing_limit_milli = -1;  // -1: no limit but the cohort's
+  int64_t cohort_unused_milli = -1;    // unused guarantee left in the cohort; -1 without cohort
+  friend bool operator==(const QuotaWait&, const QuotaWait&) = default;
+};
+
 struct Waiting {
   JobId job = 0;
   WaitReason reason = WaitReason::kInsufficientGpus;
+  std::optional<QuotaWait> quota;  // for the quota reasons, with explanations
 };
+
+// The sentence for a waiting job, with the queue's numbers where the cycle gave them.
+std::string DescribeWait(const Waiting& waiting, const JobSpec& spec);
 
 struct Decisions {
   std::vector<Placement> placements;    // start these, in this order

@@ -208,6 +208,55 @@ std::string GroupThousands(int64_t value) {
   return value < 0 ? "-" + out : out;
 }
 
+double JainIndex(std::span<const double> values) {
+  double sum = 0;
+  double squares = 0;
+  for (double value : values) {
+    sum += value;
+    squares += value * value;
+  }
+  if (values.empty() || squares <= 0) return 0;
+  return sum * sum / (static_cast<double>(values.size()) * squares);
+}
+
+namespace {
+
+void AddQueueReports(const SimResult& result, SimReport& report) {
+  const size_t n = result.queue_names.size();
+  if (n == 0) return;
+  report.queues.resize(n);
+  std::vector<double> jct_sum(n, 0), wait_sum(n, 0);
+  for (size_t q = 0; q < n; ++q)
+    report.queues[q].name = result.queue_names[q];
+  for (const JobOutcome& job : result.jobs) {
+    if (job.queue < 0) continue;
+    const size_t q = static_cast<size_t>(job.queue);
+    QueueReport& queue = report.queues[q];
+    ++queue.jobs;
+    queue.preemptions += job.preemptions;
+    if (job.finish < 0) continue;
+    ++queue.completed;
+    jct_sum[q] += Seconds(job.finish - job.submit_time);
+    wait_sum[q] += Seconds(job.first_start - job.submit_time);
+  }
+  double total = 0;
+  for (double milli_ms : result.queue_gpu_milli_ms)
+    total += milli_ms;
+  std::vector<double> shares;
+  for (size_t q = 0; q < n; ++q) {
+    QueueReport& queue = report.queues[q];
+    if (queue.completed > 0) {
+      queue.jct_mean_s = jct_sum[q] / static_cast<double>(queue.completed);
+      queue.queueing_mean_s = wait_sum[q] / static_cast<double>(queue.completed);
+    }
+    queue.gpu_share = total > 0 ? result.queue_gpu_milli_ms[q] / total : 0;
+    shares.push_back(queue.gpu_share);
+  }
+  report.queue_fairness = JainIndex(shares);
+}
+
+}  // namespace
+
 SimReport MakeReport(const SimResult& result, RunDescription run) {
   SimReport report;
   report.run = std::move(run);
@@ -260,6 +309,7 @@ SimReport MakeReport(const SimResult& result, RunDescription run) {
   report.time_series = result.time_series;
   for (TimeSeriesPoint& point : report.time_series)
     point.time -= result.first_submit;
+  AddQueueReports(result, report);
   return report;
 }
 
@@ -306,7 +356,30 @@ std::string FormatReport(const SimReport& report) {
   lines.Add("preemptions", GroupThousands(report.preemptions));
   lines.Add("scheduling cycles", GroupThousands(report.scheduling_cycles));
   lines.Add("wall time", fmt::format("{:.2f} s", report.wall_time_s));
-  return lines.Render();
+  if (report.queues.empty()) return lines.Render();
+  lines.Add("queue fairness (Jain)", fmt::format("{:.3f} over GPU shares", report.queue_fairness));
+  std::string out = lines.Render();
+  out += '\n';
+  std::vector<std::vector<std::string>> table = {
+      {"queue", "jobs", "completed", "avg JCT", "avg wait", "preemptions", "GPU share"}};
+  for (const QueueReport& q : report.queues)
+    table.push_back({q.name, GroupThousands(q.jobs), GroupThousands(q.completed),
+                     FormatDuration(q.jct_mean_s), FormatDuration(q.queueing_mean_s),
+                     GroupThousands(q.preemptions), Percent(q.gpu_share)});
+  std::vector<size_t> widths(table.front().size(), 0);
+  for (const auto& row : table)
+    for (size_t c = 0; c < row.size(); ++c)
+      widths[c] = std::max(widths[c], row[c].size());
+  for (const auto& row : table) {
+    std::string line;
+    for (size_t c = 0; c < row.size(); ++c) {
+      if (c > 0) line += "  ";
+      line += c == 0 ? fmt::format("{:<{}}", row[c], widths[c])
+                     : fmt::format("{:>{}}", row[c], widths[c]);
+    }
+    out += line + '\n';
+  }
+  return out;
 }
 
 std::string FormatComparison(std::span<const SimReport> reports) {
@@ -433,6 +506,22 @@ nlohmann::json ToJson(const SimReport& report) {
   json["makespan_s"] = report.makespan_s;
   json["mean_gpu_allocation"] = report.mean_gpu_allocation;
   json["preemptions"] = report.preemptions;
+  if (!report.queues.empty()) {
+    // Only with --queues, so that reports without queues stay as they were.
+    nlohmann::json queues = nlohmann::json::array();
+    for (const QueueReport& q : report.queues)
+      queues.push_back({{"name", q.name},
+                        {"jobs", q.jobs},
+                        {"completed", q.completed},
+                        {"jct_mean_s", q.jct_mean_s},
+                        {"queueing_delay_mean_s", q.queueing_mean_s},
+                        {"preemptions", q.preemptions},
+                        {"gpu_share", q.gpu_share}});
+    json["queues"] = {{"file", report.run.queues_file},
+                      {"queue_by", report.run.queue_by},
+                      {"jain_fairness", report.queue_fairness},
+                      {"per_queue", queues}};
+  }
   std::vector<double> times;
   std::vector<double> queue;
   std::vector<double> allocated;

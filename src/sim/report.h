@@ -23,6 +23,8 @@ struct RunDescription {
   std::string backfill;
   std::string placement;
   bool preempt = false;
+  std::string queues_file;  // --queues, empty without
+  std::string queue_by;     // how trace jobs were assigned to queues
   std::string estimates;
   std::vector<int64_t> las_queue_limits_gpu_s;
   double restart_cost_s = 0;
@@ -34,6 +36,21 @@ struct RunDescription {
   int64_t skipped_invalid = 0;     // rows the trace reader skipped
   int64_t skipped_infeasible = 0;  // jobs that can never fit this cluster
 };
+
+// One team queue's share of a replay (--queues).
+struct QueueReport {
+  std::string name;
+  int64_t jobs = 0;
+  int64_t completed = 0;
+  double jct_mean_s = 0;
+  double queueing_mean_s = 0;
+  int64_t preemptions = 0;  // of this queue's jobs
+  double gpu_share = 0;     // of all allocated GPU-time, 0..1
+};
+
+// Jain's fairness index (sum x)^2 / (n * sum x^2): 1 when all are equal, 1/n when one has all.
+// 0 for an empty or all-zero list.
+double JainIndex(std::span<const double> values);
 
 struct SimReport {
   RunDescription run;
@@ -55,6 +72,9 @@ struct SimReport {
   int64_t preemptions = 0;
   int64_t scheduling_cycles = 0;
   double wall_time_s = 0;  // measured by the caller around Simulate
+  // Team queues, in configuration order, and Jain's index over their GPU shares; empty without.
+  std::vector<QueueReport> queues;
+  double queue_fairness = 0;
 
   // Fill mode.
   FillResult fill;

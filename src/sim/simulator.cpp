@@ -6,7 +6,9 @@
 #include <map>
 #include <queue>
 #include <span>
+#include <string_view>
 #include <tuple>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -54,8 +56,26 @@ class Replay {
     // Only LAS with a starvation factor reorders jobs while they wait; otherwise the queue is
     // kept in the scheduler's order and the cycle need not sort it.
     keep_sorted_ = !(config_.order == sched::QueueOrder::kLas && config_.las_starvation_factor > 0);
+    // Team queues: each job's queue, for the per-queue report. A job of a queue not configured
+    // is an error here (the scheduler would keep it waiting forever).
+    std::unordered_map<std::string_view, int32_t> queue_index;
+    for (const sched::QueueConfig& queue : config_.queues) {
+      queue_index.emplace(queue.name, static_cast<int32_t>(result_.queue_names.size()));
+      result_.queue_names.push_back(queue.name);
+    }
+    result_.queue_gpu_milli_ms.assign(result_.queue_names.size(), 0.0);
+    reclaim_possible_ = std::any_of(config_.queues.begin(), config_.queues.end(),
+                                    [](const sched::QueueConfig& q) { return !q.cohort.empty(); });
+    queue_allocated_milli_.assign(result_.queue_names.size(), 0);
     for (size_t i = 0; i < n; ++i) {
       const TraceJob& job = trace_.jobs[i];
+      if (!config_.queues.empty()) {
+        auto it = queue_index.find(job.spec.queue);
+        if (it == queue_index.end())
+          throw SimError(fmt::format("{}:{}: job names queue '{}', which is not configured",
+                                     trace_.source, job.line, job.spec.queue));
+        result_.jobs[i].queue = it->second;
+      }
       if (i > 0 && job.spec.submit_time < trace_.jobs[i - 1].spec.submit_time)
         throw SimError(
             fmt::format("{}:{}: the trace is not sorted by submit time", trace_.source, job.line));
@@ -107,7 +127,7 @@ class Replay {
           "no progress possible at t={} s: {} job(s) pending, nothing running and no arrivals "
           "left; {} waits because: {}",
           last_time_ / kMsPerSecond, PendingCount(), DescribeJob(stuck.job),
-          sched::DescribeWait(stuck.reason, trace_.jobs[stuck.job].spec)));
+          sched::DescribeWait(stuck, trace_.jobs[stuck.job].spec)));
     }
     result_.time_series = Downsample(series_, result_.last_finish, options_.max_time_series_points);
     return std::move(result_);
@@ -149,6 +169,9 @@ class Replay {
   void AdvanceTo(TimeMs now) {
     result_.allocated_gpu_milli_ms +=
         static_cast<double>(allocated_milli_) * static_cast<double>(now - last_time_);
+    for (size_t q = 0; q < queue_allocated_milli_.size(); ++q)
+      result_.queue_gpu_milli_ms[q] +=
+          static_cast<double>(queue_allocated_milli_[q]) * static_cast<double>(now - last_time_);
     last_time_ = now;
   }
 
@@ -167,11 +190,17 @@ class Replay {
     capacity_.Release(running.spec, running.allocation);
     RemoveRunning(index);
     allocated_milli_ -= state.milli;
+    AddQueueMilli(index, -state.milli);
     state.milli = 0;
     state.where = Where::kDone;
     ++state.generation;
     result_.jobs[index].finish = now;
     result_.last_finish = std::max(result_.last_finish, now);
+  }
+
+  void AddQueueMilli(size_t index, int64_t milli) {
+    const int32_t q = result_.jobs[index].queue;
+    if (q >= 0) queue_allocated_milli_[static_cast<size_t>(q)] += milli;
   }
 
   void RemoveRunning(size_t index) {
@@ -225,7 +254,9 @@ class Replay {
                         std::span<const sched::PendingJob* const>(queue_).subspan(queue_head_),
                         last_time_, config_, sched::CycleOptions{});
     if (!decisions.waiting.empty()) return decisions.waiting.front();
-    return {.job = queue_[queue_head_]->spec.id, .reason = sched::WaitReason::kInsufficientGpus};
+    return {.job = queue_[queue_head_]->spec.id,
+            .reason = sched::WaitReason::kInsufficientGpus,
+            .quota = std::nullopt};
   }
 
   void Preempt(JobId id, TimeMs now) {
@@ -245,6 +276,7 @@ class Replay {
     state.earlier_gpu_ms = pending.attained_gpu_ms;
     state.remaining = std::max<TimeMs>(0, state.remaining - ran) + options_.restart_cost_ms;
     allocated_milli_ -= state.milli;
+    AddQueueMilli(id, -state.milli);
     state.milli = 0;
     ++state.generation;
     Enqueue(id, now);
@@ -269,6 +301,7 @@ class Replay {
     if (!applied_) capacity_.Commit(running.spec, running.allocation);
     state.milli = AllocatedMilli(running.allocation);
     allocated_milli_ += state.milli;
+    AddQueueMilli(id, state.milli);
     state.where = Where::kRunning;
     state.slot = static_cast<int32_t>(running_.size());
     running_.push_back(std::move(running));
@@ -318,6 +351,7 @@ class Replay {
   bool NothingCanStart() const {
     if (!options_.cycle_hints) return false;
     if (config_.preempt || config_.order == sched::QueueOrder::kLas) return false;
+    if (reclaim_possible_) return false;  // a queue below its guarantee may take GPUs back
     return cpu_only_pending_ == 0 && allocated_milli_ >= usable_gpu_milli_;
   }
 
@@ -441,6 +475,8 @@ class Replay {
   std::vector<RunningService> running_service_;
   std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
   int64_t allocated_milli_ = 0;
+  std::vector<int64_t> queue_allocated_milli_;  // per team queue
+  bool reclaim_possible_ = false;               // some queue has a cohort
   TimeMs last_time_ = 0;
   std::vector<TimeSeriesPoint> series_;
   SimResult result_;

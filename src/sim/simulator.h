@@ -67,6 +67,7 @@ struct JobOutcome {
   TimeMs first_start = -1;
   TimeMs finish = -1;
   int32_t preemptions = 0;
+  int32_t queue = -1;  // index into SimResult::queue_names; -1 without queues
 };
 
 // The pod that ended a fill run.
@@ -101,6 +102,10 @@ struct SimResult {
   double allocated_gpu_milli_ms = 0;
   int64_t preemptions = 0;
   int64_t scheduling_cycles = 0;
+  // With team queues (SchedulerConfig::queues): their names, and each one's integral of
+  // allocated GPUs over time (milli-GPU x ms), as allocated_gpu_milli_ms.
+  std::vector<std::string> queue_names;
+  std::vector<double> queue_gpu_milli_ms;
   std::vector<TimeSeriesPoint> time_series;
   FillResult fill;  // fill mode only
 };

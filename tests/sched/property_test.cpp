@@ -827,6 +827,319 @@ TEST(ScheduleProperty, KeptCapacityDecidesLikeAFreshSnapshot) {
   }
 }
 
+// ---- Team queues (SchedulerConfig::queues, docs/quotas.md) ----
+
+// A random case with 1-4 queues in up to two cohorts (some with per-model guarantees and
+// borrowing limits), every job in one of them (a few in a queue that does not exist).
+Case RandomQuotaCase(uint64_t seed, int32_t max_nodes, int32_t max_pending) {
+  Case c = RandomCase(seed, max_nodes, max_pending);
+  Random random(seed ^ 0x5eed5eedULL);
+  int64_t cluster_milli = 0;
+  for (const Node& node : c.cluster.nodes)
+    cluster_milli += static_cast<int64_t>(node.gpus.size()) * kMilliPerGpu;
+  const int64_t queues = random.Int(1, 4);
+  for (int64_t q = 0; q < queues; ++q) {
+    QueueConfig queue;
+    queue.name = "q" + std::to_string(q);
+    queue.cohort = random.Pick<std::string>({"", "c1", "c1", "c2"});
+    if (random.Chance(0.25)) {
+      for (const std::string& model : kModels)
+        if (random.Chance(0.7))
+          queue.guaranteed_milli_by_model[model] = random.Int(0, cluster_milli / 2 / 1000) * 1000;
+    }
+    if (!queue.PerModel()) queue.guaranteed_milli = random.Int(0, cluster_milli / 1000) * 1000 / 2;
+    if (random.Chance(0.4)) queue.borrowing_limit_milli = random.Int(0, 8) * 1000;
+    c.config.queues.push_back(std::move(queue));
+  }
+  auto pick_queue = [&]() {
+    if (random.Chance(0.05)) return std::string("nope");
+    return c.config.queues[static_cast<size_t>(random.Int(0, queues - 1))].name;
+  };
+  for (RunningJob& job : c.running)
+    job.spec.queue = pick_queue();
+  for (PendingJob& job : c.pending)
+    job.spec.queue = pick_queue();
+  return c;
+}
+
+// Usage by queue and resource ("" = all models, else a model), as the quota model defines it.
+using Usage = std::map<std::pair<std::string, std::string>, int64_t>;
+
+const QueueConfig* FindQueue(const SchedulerConfig& config, const std::string& name) {
+  for (const QueueConfig& queue : config.queues)
+    if (queue.name == name) return &queue;
+  return nullptr;
+}
+
+std::map<std::string, int64_t> UsesOf(const Cluster& cluster, const QueueConfig& queue,
+                                      const JobSpec& spec, const Allocation& allocation) {
+  std::map<std::string, int64_t> uses;
+  if (spec.gpu_milli_per_task == 0) return uses;
+  if (!queue.PerModel()) {
+    uses[""] = spec.TotalGpuMilli();
+    return uses;
+  }
+  for (const TaskPlacement& task : allocation)
+    for (const GpuShare& share : task.gpus)
+      uses[cluster.nodes[static_cast<size_t>(task.node)]
+               .gpus[static_cast<size_t>(share.gpu)]
+               .model] += share.milli;
+  return uses;
+}
+
+int64_t Nominal(const QueueConfig& queue, const std::string& resource) {
+  if (resource.empty()) return queue.PerModel() ? 0 : queue.guaranteed_milli;
+  auto it = queue.guaranteed_milli_by_model.find(resource);
+  return it == queue.guaranteed_milli_by_model.end() ? 0 : it->second;
+}
+
+// Replays the decisions in the order the cycle took them (each placement right after the
+// preemptions made for it) and checks the quota rules at every step.
+void CheckQuotaDecisions(const Case& c, const Decisions& d) {
+  std::map<JobId, const PendingJob*> pending;
+  for (const PendingJob& job : c.pending)
+    pending[job.spec.id] = &job;
+  std::map<JobId, const RunningJob*> running;
+  for (const RunningJob& job : c.running)
+    running[job.spec.id] = &job;
+
+  // Every pending job exactly once.
+  std::map<JobId, int> seen;
+  for (const Placement& p : d.placements)
+    ++seen[p.job];
+  for (const Waiting& w : d.waiting)
+    ++seen[w.job];
+  EXPECT_EQ(seen.size(), pending.size());
+  for (const auto& [id, count] : seen)
+    EXPECT_EQ(count, 1) << "job " << id;
+
+  // No GPU double-allocated, gangs whole: the decisions commit cleanly, every task placed.
+  Allocator allocator(c.cluster);
+  std::set<JobId> preempted;
+  for (const Preemption& p : d.preemptions) {
+    EXPECT_TRUE(preempted.insert(p.job).second) << "job " << p.job << " preempted twice";
+    ASSERT_TRUE(running.count(p.job));
+    EXPECT_TRUE(running[p.job]->spec.preemptible) << "job " << p.job;
+  }
+  for (const RunningJob& job : c.running)
+    if (!preempted.count(job.spec.id)) {
+      ASSERT_NO_THROW(allocator.Commit(job.spec, job.allocation));
+    }
+  for (const Placement& p : d.placements) {
+    ASSERT_TRUE(pending.count(p.job));
+    CheckShape(c.cluster, pending[p.job]->spec, p.allocation);
+    EXPECT_NO_THROW(allocator.Commit(pending[p.job]->spec, p.allocation)) << "job " << p.job;
+  }
+
+  Usage usage;
+  auto add = [&](const JobSpec& spec, const Allocation& allocation, int64_t sign) {
+    const QueueConfig* queue = FindQueue(c.config, spec.queue);
+    if (!queue) return;
+    for (const auto& [resource, milli] : UsesOf(c.cluster, *queue, spec, allocation))
+      usage[{queue->name, resource}] += sign * milli;
+  };
+  auto cohort_usage = [&](const std::string& cohort, const std::string& resource) {
+    int64_t used = 0, nominal = 0;
+    for (const QueueConfig& queue : c.config.queues) {
+      if (queue.cohort != cohort) continue;
+      used += usage[{queue.name, resource}];
+      nominal += Nominal(queue, resource);
+    }
+    return std::pair(used, nominal);
+  };
+  for (const RunningJob& job : c.running)
+    add(job.spec, job.allocation, +1);
+
+  for (const Placement& p : d.placements) {
+    const JobSpec& spec = pending[p.job]->spec;
+    const QueueConfig* queue = FindQueue(c.config, spec.queue);
+    ASSERT_NE(queue, nullptr) << "job " << p.job << " of an unknown queue was placed";
+    bool reclaimed = false;
+    for (const Preemption& pre : d.preemptions) {
+      if (pre.for_job != p.job) continue;
+      const RunningJob& victim = *running[pre.job];
+      add(victim.spec, victim.allocation, -1);
+      if (pre.reason == PreemptReason::kReclaim) {
+        reclaimed = true;
+        const QueueConfig* victim_queue = FindQueue(c.config, victim.spec.queue);
+        ASSERT_NE(victim_queue, nullptr);
+        EXPECT_NE(victim_queue->name, queue->name);
+        EXPECT_FALSE(queue->cohort.empty());
+        EXPECT_EQ(victim_queue->cohort, queue->cohort) << "reclaim across cohorts";
+      } else {
+        // Priority preemption stays inside the queue, for a job of a strictly better class.
+        EXPECT_EQ(victim.spec.queue, spec.queue) << "job " << p.job << " preempted " << pre.job;
+        EXPECT_TRUE(c.config.preempt || c.config.order == QueueOrder::kLas);
+        const PendingJob& winner = *pending[p.job];
+        const TimeMs since =
+            winner.last_run_end >= 0 ? winner.last_run_end : winner.spec.submit_time;
+        EXPECT_LT(ClassOf(c.config, winner.spec, winner.attained_gpu_ms, since, c.now),
+                  ClassOf(c.config, victim.spec, victim.attained_gpu_ms, -1, c.now));
+      }
+    }
+    // No queue is preempted below its guarantee by a reclaim.
+    for (const Preemption& pre : d.preemptions) {
+      if (pre.for_job != p.job || pre.reason != PreemptReason::kReclaim) continue;
+      const RunningJob& victim = *running[pre.job];
+      const QueueConfig* victim_queue = FindQueue(c.config, victim.spec.queue);
+      for (const auto& [resource, milli] :
+           UsesOf(c.cluster, *victim_queue, victim.spec, victim.allocation))
+        EXPECT_GE((usage[{victim_queue->name, resource}]), Nominal(*victim_queue, resource))
+            << "reclaim for job " << p.job << " took queue " << victim_queue->name
+            << " below its guarantee on '" << resource << "'";
+    }
+    add(spec, p.allocation, +1);
+    const auto uses = UsesOf(c.cluster, *queue, spec, p.allocation);
+    EXPECT_LE(uses.size(), 1u) << "job " << p.job << " spans quota resources";
+    for (const auto& [resource, milli] : uses) {
+      const int64_t used = usage[{queue->name, resource}];
+      const int64_t nominal = Nominal(*queue, resource);
+      // A reclaim never leaves the reclaiming queue above its guarantee.
+      if (reclaimed) {
+        EXPECT_LE(used, nominal) << "job " << p.job << " reclaimed above guarantee";
+      }
+      if (used <= nominal) continue;
+      // Above the guarantee only by borrowing: a cohort, within the borrowing limit, within the
+      // cohort's guarantees.
+      EXPECT_FALSE(queue->cohort.empty()) << "job " << p.job << " took queue " << queue->name
+                                          << " above its guarantee without a cohort";
+      if (queue->borrowing_limit_milli) {
+        EXPECT_LE(used, nominal + *queue->borrowing_limit_milli)
+            << "job " << p.job << " took queue " << queue->name << " above its borrowing limit";
+      }
+      const auto [cohort_used, cohort_nominal] = cohort_usage(queue->cohort, resource);
+      EXPECT_LE(cohort_used, cohort_nominal) << "job " << p.job << " overdrew cohort";
+    }
+  }
+  // Jobs of unknown queues wait as such.
+  for (const Waiting& w : d.waiting)
+    if (!FindQueue(c.config, pending[w.job]->spec.queue)) {
+      EXPECT_EQ(w.reason, WaitReason::kUnknownQueue) << "job " << w.job;
+    }
+}
+
+TEST(QuotaProperty, DecisionsKeepEveryQuotaRule) {
+  std::map<PreemptReason, int64_t> preemptions;
+  std::map<std::string, int64_t> waits;
+  int64_t placements = 0;
+  for (uint64_t seed = 900'001; seed < 900'001 + 800; ++seed) {
+    const Case c = RandomQuotaCase(seed, 10, 30);
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const Decisions d = Schedule(c.cluster, c.running, c.pending, c.now, c.config);
+    CheckQuotaDecisions(c, d);
+    if (HasFailure()) return;
+    placements += static_cast<int64_t>(d.placements.size());
+    for (const Preemption& p : d.preemptions)
+      ++preemptions[p.reason];
+    for (const Waiting& w : d.waiting)
+      ++waits[WaitReasonCode(w.reason)];
+  }
+  // The cases must reach every rule for the checks above to mean something.
+  EXPECT_GT(placements, 1000);
+  EXPECT_GT(preemptions[PreemptReason::kReclaim], 20);
+  EXPECT_GT(preemptions[PreemptReason::kHigherPriority], 20);
+  for (const char* code : {"over_quota", "cohort_exhausted", "unknown_queue", "infeasible_quota"})
+    EXPECT_GT(waits[code], 20) << code;
+  std::cout << placements << " placements, " << preemptions[PreemptReason::kReclaim]
+            << " reclaims, " << preemptions[PreemptReason::kHigherPriority] << " in-queue; waits:";
+  for (const auto& [code, count] : waits)
+    std::cout << ' ' << code << '=' << count;
+  std::cout << '\n';
+}
+
+// Every entry point decides the same with queues: the plain overload, pointers with and without
+// the sorted hint, a kept capacity, the in-place cycle (which leaves its decisions applied), and
+// the lazy cycle without explanations (same placements and preemptions).
+TEST(QuotaProperty, EveryEntryPointDecidesTheSame) {
+  for (uint64_t seed = 910'001; seed < 910'001 + 300; ++seed) {
+    Case c = RandomQuotaCase(seed, 10, 30);
+    const Decisions reference = Schedule(c.cluster, c.running, c.pending, c.now, c.config);
+    std::vector<const PendingJob*> pending;
+    for (const PendingJob& job : c.pending)
+      pending.push_back(&job);
+    std::stable_sort(pending.begin(), pending.end(), [&](const PendingJob* a, const PendingJob* b) {
+      return PendingBefore(*a, *b, c.now, c.config);
+    });
+    Allocator capacity(c.cluster);
+    for (const RunningJob& job : c.running)
+      capacity.Commit(job.spec, job.allocation);
+    CycleOptions sorted;
+    sorted.pending_sorted = true;
+    ASSERT_EQ(Describe(reference),
+              Describe(Schedule(c.cluster, c.running, pending, c.now, c.config, sorted)))
+        << "seed " << seed;
+    ASSERT_EQ(Describe(reference),
+              Describe(Schedule(capacity, c.running, pending, c.now, c.config, CycleOptions{})))
+        << "seed " << seed;
+    CycleOptions lazy = sorted;
+    lazy.explain_all_waiting = false;
+    Allocator in_place = capacity;
+    const Decisions applied = ScheduleInPlace(in_place, c.running, pending, c.now, c.config, lazy);
+    ASSERT_EQ(DescribeActions(reference), DescribeActions(applied)) << "seed " << seed;
+    Allocator by_hand = capacity;
+    for (const Preemption& p : applied.preemptions)
+      for (const RunningJob& job : c.running)
+        if (job.spec.id == p.job) by_hand.Release(job.spec, job.allocation);
+    for (const Placement& p : applied.placements)
+      for (const PendingJob& job : c.pending)
+        if (job.spec.id == p.job) by_hand.Commit(job.spec, p.allocation);
+    EXPECT_TRUE(in_place == by_hand) << "seed " << seed;
+    std::shuffle(c.pending.begin(), c.pending.end(), std::mt19937_64(seed));
+    ASSERT_EQ(Describe(reference),
+              Describe(Schedule(c.cluster, c.running, c.pending, c.now, c.config)))
+        << "seed " << seed << " (shuffled)";
+  }
+}
+
+// One queue holding every job with a guarantee above anything it could use has no quota to
+// enforce: the quota cycle must then decide exactly what the plain cycle decides, wait reasons
+// included. This pins the quota cycle's placement, backfill and preemption to the reference.
+TEST(QuotaProperty, OneUnboundedQueueDecidesLikeNoQueues) {
+  for (uint64_t seed = 920'001; seed < 920'001 + 600; ++seed) {
+    Case c = RandomCase(seed, 12, 30);
+    const Decisions plain = Schedule(c.cluster, c.running, c.pending, c.now, c.config);
+    QueueConfig all;
+    all.name = "all";
+    all.guaranteed_milli = int64_t{1} << 40;
+    c.config.queues = {all};
+    for (RunningJob& job : c.running)
+      job.spec.queue = "all";
+    for (PendingJob& job : c.pending)
+      job.spec.queue = "all";
+    const Decisions quota = Schedule(c.cluster, c.running, c.pending, c.now, c.config);
+    ASSERT_EQ(Describe(plain), Describe(quota))
+        << "seed " << seed << ", order " << Name(c.config.order) << ", backfill "
+        << Name(c.config.backfill) << (c.config.preempt ? ", preempt" : "");
+  }
+}
+
+TEST(QuotaProperty, DescribeWaitNamesTheQueueAndTheNumbers) {
+  JobSpec spec;
+  spec.queue = "vision";
+  spec.gpu_milli_per_task = 4000;
+  Waiting waiting{.job = 1,
+                  .reason = WaitReason::kCohortExhausted,
+                  .quota = QuotaWait{.queue = "vision",
+                                     .cohort = "research",
+                                     .model = "",
+                                     .used_milli = 8000,
+                                     .ask_milli = 4000,
+                                     .guaranteed_milli = 8000,
+                                     .borrowing_limit_milli = -1,
+                                     .cohort_unused_milli = 2500}};
+  EXPECT_EQ(DescribeWait(waiting, spec),
+            "waiting for quota: queue 'vision' uses 8 of its 8 guaranteed GPUs and the job asks "
+            "4; cohort 'research' has only 2.5 unused guaranteed GPUs to lend");
+  waiting.reason = WaitReason::kOverQuota;
+  waiting.quota->borrowing_limit_milli = 2000;
+  EXPECT_EQ(DescribeWait(waiting, spec),
+            "waiting for quota: queue 'vision' uses 8 of its 8 guaranteed GPUs and the job asks "
+            "4; it may borrow at most 2 more");
+  EXPECT_STREQ(WaitReasonCode(WaitReason::kOverQuota), "over_quota");
+  EXPECT_STREQ(PreemptReasonCode(PreemptReason::kReclaim), "reclaim");
+  EXPECT_TRUE(IsInfeasible(WaitReason::kUnknownQueue));
+}
+
 TEST(AllocatorProperty, PlaceSucceedsExactlyWhenTheJobFits) {
   for (uint64_t seed = 300'001; seed < 300'001 + kAllocatorCases; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));

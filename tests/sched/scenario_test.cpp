@@ -30,6 +30,9 @@
 //     preempt: false
 //     las_queue_limits_gpu_s: [3200]
 //     las_starvation_factor: 0
+//     queues:                                       # team queues (docs/quotas.md); default none
+//       - {name: a, cohort: c, guaranteed_gpus: 8, borrowing_limit_gpus: 4, weight: 1}
+//       - {name: b, cohort: c, guaranteed_gpus: {A100-40GB: 4, H100-80GB: 2}}
 //   now_ms: 0                                       # the cycle's `now`
 //   running:                                        # sched::RunningJob, a job spec plus:
 //     - id: 1
@@ -47,7 +50,7 @@
 //     placements:
 //       - {job: 2, allocation: [{node: node-0000, gpus: [2, 3]}]}
 //     preemptions:
-//       - {job: 1, for: 2, reason: higher_priority} # higher_priority | las_demotion
+//       - {job: 1, for: 2, reason: higher_priority} # higher_priority | las_demotion | reclaim
 //     waiting:
 //       - {job: 3, reason: blocked_by_queue_head}   # sched::WaitReasonCode
 //
@@ -74,6 +77,7 @@
 #include "core/cluster.h"
 #include "sched/allocator.h"
 #include "sched/scheduler.h"
+#include "sim/queues.h"
 
 namespace gpufleet::sched {
 namespace {
@@ -208,7 +212,7 @@ SchedulerConfig MakeConfig(const YAML::Node& yaml) {
   SchedulerConfig config;
   if (!yaml) return config;
   CheckKeys(yaml, {"order", "backfill", "placement", "preempt", "las_queue_limits_gpu_s",
-                   "las_starvation_factor"});
+                   "las_starvation_factor", "queues"});
   if (const YAML::Node order = yaml["order"]) {
     const auto parsed = ParseQueueOrder(order.as<std::string>());
     if (!parsed) Fail(order, "unknown order");
@@ -229,6 +233,14 @@ SchedulerConfig MakeConfig(const YAML::Node& yaml) {
   config.las_queue_limits_gpu_s =
       Get(yaml, "las_queue_limits_gpu_s", config.las_queue_limits_gpu_s);
   config.las_starvation_factor = Get(yaml, "las_starvation_factor", config.las_starvation_factor);
+  if (const YAML::Node queues = yaml["queues"]) {
+    try {
+      for (sim::QueueEntry& entry : sim::ParseQueues(queues, false))
+        config.queues.push_back(std::move(entry.config));
+    } catch (const sim::QueuesError& error) {
+      Fail(queues, error.what());
+    }
+  }
   return config;
 }
 
@@ -315,13 +327,17 @@ std::optional<WaitReason> ParseWaitReason(std::string_view code) {
        {WaitReason::kInsufficientGpus, WaitReason::kInsufficientCpuOrMemory,
         WaitReason::kBlockedByQueueHead, WaitReason::kReservedForEarlierJob,
         WaitReason::kInfeasibleGpuCount, WaitReason::kInfeasibleTaskShape,
-        WaitReason::kInfeasibleGpuModel})
+        WaitReason::kInfeasibleGpuModel, WaitReason::kOverQuota, WaitReason::kCohortExhausted,
+        WaitReason::kUnknownQueue, WaitReason::kInfeasibleQuota})
     if (code == WaitReasonCode(reason)) return reason;
   return std::nullopt;
 }
 
-const char* PreemptReasonCode(PreemptReason reason) {
-  return reason == PreemptReason::kLasDemotion ? "las_demotion" : "higher_priority";
+std::optional<PreemptReason> ParsePreemptReason(std::string_view code) {
+  for (const PreemptReason reason :
+       {PreemptReason::kHigherPriority, PreemptReason::kLasDemotion, PreemptReason::kReclaim})
+    if (code == PreemptReasonCode(reason)) return reason;
+  return std::nullopt;
 }
 
 Scenario LoadScenario(const fs::path& path) {
@@ -361,17 +377,16 @@ Scenario LoadScenario(const fs::path& path) {
   }
   for (const YAML::Node& yaml : ListOf(expect, "preemptions")) {
     CheckKeys(yaml, {"job", "for", "reason"});
-    const auto reason = Get<std::string>(yaml, "reason", "higher_priority");
-    if (reason != "higher_priority" && reason != "las_demotion") Fail(yaml, "unknown reason");
+    const auto reason = ParsePreemptReason(Get<std::string>(yaml, "reason", "higher_priority"));
+    if (!reason) Fail(yaml, "unknown reason");
     scenario.expected.preemptions.push_back(
-        {yaml["job"].as<JobId>(), yaml["for"].as<JobId>(),
-         reason == "las_demotion" ? PreemptReason::kLasDemotion : PreemptReason::kHigherPriority});
+        {yaml["job"].as<JobId>(), yaml["for"].as<JobId>(), *reason});
   }
   for (const YAML::Node& yaml : ListOf(expect, "waiting")) {
     CheckKeys(yaml, {"job", "reason"});
     const auto reason = ParseWaitReason(yaml["reason"].as<std::string>());
     if (!reason) Fail(yaml["reason"], "unknown wait reason code");
-    scenario.expected.waiting.push_back({yaml["job"].as<JobId>(), *reason});
+    scenario.expected.waiting.push_back({yaml["job"].as<JobId>(), *reason, std::nullopt});
   }
   return scenario;
 }

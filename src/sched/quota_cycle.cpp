@@ -1,0 +1,766 @@
+// The scheduling cycle with team queues: Kueue-style admission against guaranteed quotas with
+// cohort borrowing, reclaim of borrowed quota, and priority preemption inside a queue
+// (docs/quotas.md). Kept apart from the plain cycle so that, without queues, nothing changes.
+#include "sched/quota_cycle.h"
+
+#include <algorithm>
+#include <deque>
+#include <set>
+#include <string_view>
+#include <tuple>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <fmt/format.h>
+
+#include "sched/rank.h"
+#include "sched/reservation.h"
+#include "sched/shape.h"
+
+namespace gpufleet::sched {
+
+std::optional<std::string> ValidateQueues(std::span<const QueueConfig> queues) {
+  std::set<std::string_view> names;
+  for (const QueueConfig& queue : queues) {
+    if (queue.name.empty()) return "a queue needs a name";
+    if (!names.insert(queue.name).second)
+      return fmt::format("queue '{}' is given twice", queue.name);
+    if (queue.guaranteed_milli < 0)
+      return fmt::format("queue '{}': the guarantee must not be negative", queue.name);
+    for (const auto& [model, milli] : queue.guaranteed_milli_by_model) {
+      if (model.empty()) return fmt::format("queue '{}': a GPU model needs a name", queue.name);
+      if (milli < 0)
+        return fmt::format("queue '{}': the guarantee for {} must not be negative", queue.name,
+                           model);
+    }
+    if (queue.borrowing_limit_milli && *queue.borrowing_limit_milli < 0)
+      return fmt::format("queue '{}': the borrowing limit must not be negative", queue.name);
+    if (!(queue.weight > 0))
+      return fmt::format("queue '{}': the weight must be above 0", queue.name);
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+// GPUs a job holds against one quota resource: all models (index 0) or one model.
+struct Use {
+  int32_t resource = 0;
+  int64_t milli = 0;
+};
+
+using Class = std::pair<int64_t, int64_t>;
+
+// The outcome of a quota check of one job against one resource of its queue.
+struct Admission {
+  bool ok = false;
+  WaitReason reason = WaitReason::kOverQuota;
+};
+
+class QuotaCycle {
+ public:
+  QuotaCycle(Allocator& capacity, std::span<const RunningJob> running, TimeMs now,
+             const SchedulerConfig& config)
+      : running_(running),
+        now_(now),
+        config_(config),
+        allocator_(capacity),
+        cluster_(capacity.cluster()),
+        taken_(running.size(), false) {
+    BuildQuotas();
+  }
+
+  Decisions Run(std::span<const PendingJob* const> pending, const CycleOptions& options) {
+    explain_ = options.explain_all_waiting;
+    std::vector<std::pair<Rank, const PendingJob*>> ranked;
+    ranked.reserve(pending.size());
+    for (const PendingJob* job : pending)
+      ranked.emplace_back(RankOfPending(*job), job);
+    if (!options.pending_sorted &&
+        !std::is_sorted(ranked.begin(), ranked.end(),
+                        [](const auto& a, const auto& b) { return a.first < b.first; }))
+      std::sort(ranked.begin(), ranked.end(),
+                [](const auto& a, const auto& b) { return a.first < b.first; });
+    if (explain_) decisions_.waiting.reserve(ranked.size());
+    for (const auto& [rank, job] : ranked)
+      Consider(*job, rank);
+    decisions_.considered = static_cast<int64_t>(ranked.size());
+    return std::move(decisions_);
+  }
+
+ private:
+  // Indexes the queues, cohorts and quota resources, and counts what the running jobs hold.
+  void BuildQuotas() {
+    std::set<std::string> models;
+    for (const QueueConfig& queue : config_.queues)
+      for (const auto& entry : queue.guaranteed_milli_by_model)
+        models.insert(entry.first);
+    resource_names_.push_back("");  // resource 0: GPUs of every model
+    for (const std::string& model : models) {
+      model_resource_.emplace(model, static_cast<int32_t>(resource_names_.size()));
+      resource_names_.push_back(model);
+    }
+    resources_ = resource_names_.size();
+    const size_t queues = config_.queues.size();
+    nominal_.assign(queues * resources_, 0);
+    used_.assign(queues * resources_, 0);
+    cohort_of_.assign(queues, -1);
+    std::unordered_map<std::string_view, int32_t> cohorts;
+    for (size_t q = 0; q < queues; ++q) {
+      const QueueConfig& queue = config_.queues[q];
+      queue_index_.emplace(queue.name, static_cast<int32_t>(q));
+      if (queue.PerModel()) {
+        for (const auto& [model, milli] : queue.guaranteed_milli_by_model)
+          nominal_[q * resources_ + static_cast<size_t>(model_resource_.at(model))] = milli;
+      } else {
+        nominal_[q * resources_] = queue.guaranteed_milli;
+      }
+      if (queue.cohort.empty()) continue;
+      auto [it, added] = cohorts.emplace(queue.cohort, static_cast<int32_t>(cohorts.size()));
+      cohort_of_[q] = it->second;
+      if (added) cohort_members_.emplace_back();
+      cohort_members_[static_cast<size_t>(it->second)].push_back(static_cast<int32_t>(q));
+    }
+    cohort_nominal_.assign(cohort_members_.size() * resources_, 0);
+    cohort_used_.assign(cohort_members_.size() * resources_, 0);
+    for (size_t q = 0; q < queues; ++q)
+      if (cohort_of_[q] >= 0)
+        for (size_t r = 0; r < resources_; ++r)
+          cohort_nominal_[static_cast<size_t>(cohort_of_[q]) * resources_ + r] +=
+              nominal_[q * resources_ + r];
+
+    // The resources a job of each queue may be admitted on: all models, or, for per-model
+    // guarantees, each model its cohort (or the queue alone) guarantees, in name order.
+    candidates_.resize(queues);
+    for (size_t q = 0; q < queues; ++q) {
+      if (!config_.queues[q].PerModel()) {
+        candidates_[q] = {0};
+        continue;
+      }
+      std::set<int32_t> found;
+      auto add = [&](size_t member) {
+        for (const auto& entry : config_.queues[member].guaranteed_milli_by_model)
+          found.insert(model_resource_.at(entry.first));
+      };
+      if (cohort_of_[q] < 0) {
+        add(q);
+      } else {
+        for (int32_t member : cohort_members_[static_cast<size_t>(cohort_of_[q])])
+          add(static_cast<size_t>(member));
+      }
+      candidates_[q].assign(found.begin(), found.end());
+    }
+
+    running_queue_.assign(running_.size(), -1);
+    uses_begin_.assign(running_.size() + 1, 0);
+    uses_flat_.reserve(running_.size());
+    for (size_t i = 0; i < running_.size(); ++i) {
+      const int32_t q = QueueOf(running_[i].spec);
+      running_queue_[i] = q;
+      if (q >= 0) {  // a queue no longer configured holds no quota
+        AppendUses(q, running_[i].spec, running_[i].allocation, uses_flat_);
+        AddUses(q, RunningUses(i, uses_flat_.size()), +1);
+      }
+      uses_begin_[i + 1] = static_cast<uint32_t>(uses_flat_.size());
+    }
+  }
+
+  int32_t QueueOf(const JobSpec& spec) const {
+    // A few queues are found faster by comparing names than by hashing them.
+    if (config_.queues.size() <= 16) {
+      for (size_t q = 0; q < config_.queues.size(); ++q)
+        if (config_.queues[q].name == spec.queue) return static_cast<int32_t>(q);
+      return -1;
+    }
+    auto it = queue_index_.find(spec.queue);
+    return it == queue_index_.end() ? -1 : it->second;
+  }
+
+  // What an allocation holds against the quotas of queue q: per GPU model for per-model
+  // guarantees (models no queue guarantees count against nothing), else all GPUs together.
+  std::vector<Use> UsesOf(int32_t q, const JobSpec& spec, const Allocation& allocation) const {
+    std::vector<Use> uses;
+    AppendUses(q, spec, allocation, uses);
+    return uses;
+  }
+  void AppendUses(int32_t q, const JobSpec& spec, const Allocation& allocation,
+                  std::vector<Use>& out) const {
+    if (spec.gpu_milli_per_task == 0) return;
+    if (!config_.queues[static_cast<size_t>(q)].PerModel()) {
+      out.push_back({0, static_cast<int64_t>(spec.TotalGpuMilli())});
+      return;
+    }
+    const size_t first = out.size();
+    std::vector<Use>& uses = out;
+    for (const TaskPlacement& task : allocation) {
+      const Node& node = cluster_.nodes[static_cast<size_t>(task.node)];
+      for (const GpuShare& share : task.gpus) {
+        auto it = model_resource_.find(node.gpus[static_cast<size_t>(share.gpu)].model);
+        if (it == model_resource_.end()) continue;
+        auto use = std::find_if(uses.begin() + static_cast<std::ptrdiff_t>(first), uses.end(),
+                                [&](const Use& u) { return u.resource == it->second; });
+        if (use == uses.end()) {
+          uses.push_back({it->second, share.milli});
+        } else {
+          use->milli += share.milli;
+        }
+      }
+    }
+  }
+
+  // The uses of running job i (`end` while its entry is being built).
+  std::span<const Use> RunningUses(size_t i, size_t end = 0) const {
+    const size_t begin = uses_begin_[i];
+    if (end == 0) end = uses_begin_[i + 1];
+    return std::span<const Use>(uses_flat_).subspan(begin, end - begin);
+  }
+
+  void AddUses(int32_t q, std::span<const Use> uses, int64_t sign) {
+    const int32_t c = cohort_of_[static_cast<size_t>(q)];
+    for (const Use& use : uses) {
+      used_[Index(q, use.resource)] += sign * use.milli;
+      if (c >= 0)
+        cohort_used_[static_cast<size_t>(c) * resources_ + static_cast<size_t>(use.resource)] +=
+            sign * use.milli;
+    }
+  }
+
+  size_t Index(int32_t q, int32_t r) const {
+    return static_cast<size_t>(q) * resources_ + static_cast<size_t>(r);
+  }
+  int64_t CohortNominal(int32_t c, int32_t r) const {
+    return cohort_nominal_[static_cast<size_t>(c) * resources_ + static_cast<size_t>(r)];
+  }
+  int64_t CohortUsed(int32_t c, int32_t r) const {
+    return cohort_used_[static_cast<size_t>(c) * resources_ + static_cast<size_t>(r)];
+  }
+
+  // Kueue's admission: within the guarantee, or above it on the cohort's unused guarantee, at
+  // most borrowing_limit above the guarantee. (The cohort has room exactly when its members'
+  // usage plus the job stays within the sum of their guarantees.)
+  Admission Admit(int32_t q, int32_t r, int64_t demand) const {
+    const int64_t used = used_[Index(q, r)];
+    const int64_t nominal = nominal_[Index(q, r)];
+    if (used + demand <= nominal) return {true, WaitReason::kOverQuota};
+    const QueueConfig& queue = config_.queues[static_cast<size_t>(q)];
+    const int32_t c = cohort_of_[static_cast<size_t>(q)];
+    if (c < 0) return {false, WaitReason::kOverQuota};
+    if (queue.borrowing_limit_milli && used + demand - nominal > *queue.borrowing_limit_milli)
+      return {false, WaitReason::kOverQuota};
+    if (CohortUsed(c, r) + demand > CohortNominal(c, r))
+      return {false, WaitReason::kCohortExhausted};
+    return {true, WaitReason::kOverQuota};
+  }
+
+  // The most queue q could ever hold of resource r, borrowing all it may.
+  int64_t MaxHold(int32_t q, int32_t r) const {
+    const int64_t nominal = nominal_[Index(q, r)];
+    const int32_t c = cohort_of_[static_cast<size_t>(q)];
+    if (c < 0) return nominal;
+    const auto& limit = config_.queues[static_cast<size_t>(q)].borrowing_limit_milli;
+    const int64_t cohort = CohortNominal(c, r);
+    return limit ? std::min(nominal + *limit, cohort) : cohort;
+  }
+
+  QuotaWait Detail(int32_t q, int32_t r, int64_t demand) const {
+    const QueueConfig& queue = config_.queues[static_cast<size_t>(q)];
+    const int32_t c = cohort_of_[static_cast<size_t>(q)];
+    QuotaWait wait;
+    wait.queue = queue.name;
+    wait.cohort = queue.cohort;
+    wait.model = resource_names_[static_cast<size_t>(r)];
+    wait.used_milli = used_[Index(q, r)];
+    wait.ask_milli = demand;
+    wait.guaranteed_milli = nominal_[Index(q, r)];
+    wait.borrowing_limit_milli = queue.borrowing_limit_milli.value_or(-1);
+    if (c >= 0) wait.cohort_unused_milli = CohortNominal(c, r) - CohortUsed(c, r);
+    return wait;
+  }
+
+  Rank RankOfPending(const PendingJob& job) const {
+    const TimeMs since = job.last_run_end >= 0 ? job.last_run_end : job.spec.submit_time;
+    return RankOf(job.spec, job.attained_gpu_ms, since, now_, config_);
+  }
+
+  // Whether a reclaim could be tried for the job: some resource keeps its queue within its
+  // guarantee while another queue of the cohort borrows on it.
+  bool MayReclaim(const JobSpec& spec, int32_t q) {
+    const int32_t c = cohort_of_[static_cast<size_t>(q)];
+    if (c < 0) return false;
+    const int64_t demand = spec.TotalGpuMilli();
+    for (int32_t r : CandidatesFor(spec, static_cast<size_t>(q))) {
+      if (used_[Index(q, r)] + demand > nominal_[Index(q, r)]) continue;
+      for (int32_t member : cohort_members_[static_cast<size_t>(c)])
+        if (member != q && used_[Index(member, r)] > nominal_[Index(member, r)]) return true;
+    }
+    return false;
+  }
+
+  // Whether queue q runs a preemptible job of a class worse than `rank` (taken ones included,
+  // so a true answer only means "maybe").
+  bool MayPreemptInQueue(int32_t q, const Rank& rank) {
+    if (!(config_.preempt || config_.order == QueueOrder::kLas)) return false;
+    if (worst_class_.empty()) {
+      worst_class_.resize(config_.queues.size());
+      for (size_t i = 0; i < running_.size(); ++i) {
+        const int32_t rq = running_queue_[i];
+        if (rq < 0 || !running_[i].spec.preemptible) continue;
+        auto& worst = worst_class_[static_cast<size_t>(rq)];
+        const Class cls = RunningClass(i);
+        if (!worst || *worst < cls) worst = cls;
+      }
+    }
+    const auto& worst = worst_class_[static_cast<size_t>(q)];
+    return worst && rank.cls < *worst;
+  }
+
+  // The resources a job may be admitted on: for per-model guarantees only the models it accepts.
+  const std::vector<int32_t>& CandidatesFor(const JobSpec& spec, size_t q) {
+    if (spec.gpu_milli_per_task == 0) return no_resources_;
+    if (spec.gpu_models.empty() || !config_.queues[q].PerModel()) return candidates_[q];
+    filtered_.clear();
+    for (int32_t r : candidates_[q]) {
+      const std::string& model = resource_names_[static_cast<size_t>(r)];
+      if (std::find(spec.gpu_models.begin(), spec.gpu_models.end(), model) != spec.gpu_models.end())
+        filtered_.push_back(r);
+    }
+    return filtered_;
+  }
+
+  // The spec to place for resource r: restricted to its model for a per-model guarantee.
+  const JobSpec& PlacementSpec(const JobSpec& spec, int32_t r) {
+    if (r == 0) return spec;
+    restricted_ = spec;
+    restricted_.gpu_models = {resource_names_[static_cast<size_t>(r)]};
+    return restricted_;
+  }
+
+  // False when Place certainly refuses the job for want of free GPUs.
+  bool MayPlace(const JobSpec& spec) const {
+    if (spec.gpu_milli_per_task == 0) return true;
+    if (spec.TotalGpuMilli() > allocator_.FreeGpuMilli()) return false;
+    const int32_t whole = spec.WholeGpusPerTask();
+    return whole == 0 || allocator_.WholeGpuTasksAtMost(whole) >= spec.tasks;
+  }
+
+  std::optional<Allocation> TryPlace(const JobSpec& spec, bool memo) {
+    if (!MayPlace(spec)) return std::nullopt;
+    if (memo && failed_shapes_.count(Shape{&spec}) > 0) return std::nullopt;
+    auto allocation = allocator_.Place(spec, config_.placement);
+    if (!allocation && memo) failed_shapes_.insert(Shape{&spec});
+    return allocation;
+  }
+
+  void Consider(const PendingJob& job, const Rank& rank) {
+    const JobSpec& spec = job.spec;
+    const int32_t q = QueueOf(spec);
+    if (q < 0) {
+      Wait(spec, WaitReason::kUnknownQueue);
+      return;
+    }
+    const size_t qi = static_cast<size_t>(q);
+    // Without explanations, a job that can neither be placed on the free GPUs nor make room by
+    // preempting is passed over before anything costlier, where its waiting decides nothing
+    // (first fit, or EASY once the reservation is made; strict FIFO blocks its queue below).
+    if (!explain_ && spec.gpu_milli_per_task > 0 && !MayPlace(spec) &&
+        (config_.backfill == Backfill::kFirstFit ||
+         (config_.backfill == Backfill::kEasy && reservation_)) &&
+        !MayReclaim(spec, q) && !MayPreemptInQueue(q, rank))
+      return;
+    if (!explain_ && config_.backfill == Backfill::kNone && queue_blocked_.count(q) > 0) return;
+    if (const auto infeasible = NeverFits(spec)) {
+      Wait(spec, *infeasible);  // never blocks the jobs behind it
+      return;
+    }
+    const int64_t demand = spec.TotalGpuMilli();
+    const std::vector<int32_t>& candidates = CandidatesFor(spec, qi);
+    if (demand > 0) {
+      bool ever = false;
+      for (int32_t r : candidates)
+        ever = ever || demand <= MaxHold(q, r);
+      if (!ever) {
+        QuotaWaitFor(spec, WaitReason::kInfeasibleQuota, q,
+                     candidates.empty() ? std::nullopt : std::optional(candidates[0]));
+        return;
+      }
+    }
+    if (config_.backfill == Backfill::kNone && queue_blocked_.count(q) > 0) {
+      Wait(spec, WaitReason::kBlockedByQueueHead);
+      return;
+    }
+    bool uses_reserve = false;
+    if (reservation_) {
+      const bool ends_in_time =
+          spec.runtime_estimate && now_ + *spec.runtime_estimate <= reservation_->shadow_time;
+      uses_reserve = !ends_in_time;
+      if (uses_reserve && demand > reservation_->spare_milli) {
+        Wait(spec, WaitReason::kReservedForEarlierJob);
+        return;
+      }
+    }
+
+    // Admission, resource by resource (a per-model queue takes the first model with quota and
+    // room, as Kueue tries flavors in order).
+    std::optional<int32_t> admitted;   // first resource the quota admits
+    std::optional<Admission> refusal;  // the first quota refusal
+    int32_t refused_resource = 0;
+    if (demand == 0) {
+      if (auto allocation = TryPlace(spec, true)) {
+        Start(spec, q, std::move(*allocation), uses_reserve);
+        return;
+      }
+    }
+    for (int32_t r : candidates) {
+      const Admission admission = Admit(q, r, demand);
+      if (!admission.ok) {
+        if (!refusal) {
+          refusal = admission;
+          refused_resource = r;
+        }
+        continue;
+      }
+      if (!admitted) admitted = r;
+      const JobSpec& placing = PlacementSpec(spec, r);
+      if (auto allocation = TryPlace(placing, r == 0)) {
+        Start(spec, q, std::move(*allocation), uses_reserve);
+        return;
+      }
+    }
+
+    // Reclaim comes first (Kueue prefers other queues' borrowed work): only for a job that stays
+    // within its queue's guarantee, so a reclaim never lifts a queue above it.
+    if (demand > 0 && cohort_of_[qi] >= 0) {
+      for (int32_t r : candidates) {
+        if (used_[Index(q, r)] + demand > nominal_[Index(q, r)]) continue;
+        if (TryReclaim(spec, q, r)) return;
+      }
+    }
+    if ((config_.preempt || config_.order == QueueOrder::kLas) &&
+        TryPreemptInQueue(spec, q, rank, candidates))
+      return;
+
+    if (refusal && !admitted) {
+      QuotaWaitFor(spec, refusal->reason, q, refused_resource);
+    } else {
+      // Quota admits it (or it needs none): it waits for capacity, and under EASY the first such
+      // job gets the reservation.
+      const JobSpec& placing = admitted ? PlacementSpec(spec, *admitted) : spec;
+      Wait(spec, explain_ ? allocator_.WhyNotNow(placing) : WaitReason::kInsufficientGpus);
+      if (config_.backfill == Backfill::kEasy && !reservation_) reservation_ = Reserve(spec);
+    }
+    if (config_.backfill == Backfill::kNone) queue_blocked_.insert(q);
+  }
+
+  // Stops borrowed work of other queues of the cohort so that a job of queue q, within its
+  // guarantee on resource r, fits: victims are preemptible running jobs of queues above their
+  // guarantee on r, taken only while their queue stays at or above its guarantee afterwards.
+  // Fewest victims first (one victim if any single one makes room), then lowest priority, then
+  // least progress lost (shortest run since its start). All or nothing.
+  bool TryReclaim(const JobSpec& spec, int32_t q, int32_t r) {
+    const int32_t c = cohort_of_[static_cast<size_t>(q)];
+    // Some queue of the cohort must be borrowing on r.
+    bool borrowing = false;
+    for (int32_t member : cohort_members_[static_cast<size_t>(c)])
+      borrowing =
+          borrowing || (member != q && used_[Index(member, r)] > nominal_[Index(member, r)]);
+    if (!borrowing) return false;
+    // A restricted spec is kept where it stays put: the memo below points at it.
+    const JobSpec& placing_copy =
+        r == 0 ? spec : restricted_store_.emplace_back(PlacementSpec(spec, r));
+    // Victims depend on the queue (never its own jobs), so failures are kept per queue.
+    for (const auto& [shape, resource, queue] : failed_reclaims_)
+      if (resource == r && queue == q && shape == Shape{&placing_copy}) return false;
+
+    // Whether stopping victim i keeps its queue at or above its guarantee, and frees quota on r.
+    auto eligible = [&](size_t i) {
+      const int32_t vq = running_queue_[i];
+      bool frees_r = false;
+      for (const Use& use : RunningUses(i)) {
+        if (use.resource == r && use.milli > 0) frees_r = true;
+        if (used_[Index(vq, use.resource)] - use.milli < nominal_[Index(vq, use.resource)])
+          return false;
+      }
+      return frees_r;
+    };
+    std::vector<size_t> order;
+    int64_t reachable = allocator_.FreeGpuMilli();
+    for (size_t i = 0; i < running_.size(); ++i) {
+      const int32_t vq = running_queue_[i];
+      if (vq < 0 || vq == q || cohort_of_[static_cast<size_t>(vq)] != c) continue;
+      if (!running_[i].spec.preemptible || taken_[i] || !eligible(i)) continue;
+      order.push_back(i);
+      reachable += running_[i].spec.TotalGpuMilli();
+    }
+    if (reachable < placing_copy.TotalGpuMilli()) {
+      failed_reclaims_.emplace_back(Shape{&placing_copy}, r, q);
+      return false;
+    }
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      const RunningJob& x = running_[a];
+      const RunningJob& y = running_[b];
+      if (x.spec.priority != y.spec.priority) return x.spec.priority < y.spec.priority;
+      if (x.start_time != y.start_time) return x.start_time > y.start_time;  // least progress
+      return x.spec.id < y.spec.id;
+    });
+    auto release = [&](size_t i) {
+      allocator_.Release(running_[i].spec, running_[i].allocation);
+      AddUses(running_queue_[i], RunningUses(i), -1);
+    };
+    auto restore = [&](size_t i) {
+      allocator_.Commit(running_[i].spec, running_[i].allocation);
+      AddUses(running_queue_[i], RunningUses(i), +1);
+    };
+    auto place = [&]() -> std::optional<Allocation> {
+      if (!MayPlace(placing_copy)) return std::nullopt;
+      return allocator_.Place(placing_copy, config_.placement);
+    };
+
+    // One victim, if any single one makes room.
+    for (size_t i : order) {
+      if (!eligible(i)) continue;
+      if (allocator_.FreeGpuMilli() + running_[i].spec.TotalGpuMilli() <
+          placing_copy.TotalGpuMilli())
+        continue;
+      release(i);
+      if (auto allocation = place()) {
+        Preempted(i, spec.id, PreemptReason::kReclaim);
+        Start(spec, q, std::move(*allocation), false, true);
+        return true;
+      }
+      restore(i);
+    }
+    // Otherwise in order until it fits, then give back the victims it turns out not to need.
+    std::vector<size_t> released;
+    std::optional<Allocation> allocation;
+    for (size_t i : order) {
+      if (!eligible(i)) continue;
+      release(i);
+      released.push_back(i);
+      if ((allocation = place())) break;
+    }
+    if (!allocation) {
+      for (size_t i : released)
+        restore(i);
+      failed_reclaims_.emplace_back(Shape{&placing_copy}, r, q);
+      return false;
+    }
+    std::vector<size_t> needed = GiveBack(released, placing_copy, *allocation, [] { return true; });
+    for (size_t i : needed)
+      Preempted(i, spec.id, PreemptReason::kReclaim);
+    Start(spec, q, std::move(*allocation), false, true);
+    return true;
+  }
+
+  // Gives back released victims the placement does not need, the last released kept; `admits`
+  // says whether the quota still admits the job with a victim back. Returns the victims kept.
+  template <typename Admits>
+  std::vector<size_t> GiveBack(const std::vector<size_t>& released, const JobSpec& placing,
+                               Allocation& allocation, Admits&& admits) {
+    std::vector<size_t> needed;
+    for (auto it = released.rbegin(); it != released.rend(); ++it) {
+      const size_t i = *it;
+      if (it == released.rbegin()) {
+        needed.push_back(i);
+        continue;
+      }
+      allocator_.Release(placing, allocation);
+      allocator_.Commit(running_[i].spec, running_[i].allocation);
+      AddUses(running_queue_[i], RunningUses(i), +1);
+      std::optional<Allocation> without;
+      if (admits()) without = allocator_.Place(placing, config_.placement);
+      if (without) {
+        allocation = std::move(*without);
+      } else {
+        allocator_.Release(running_[i].spec, running_[i].allocation);
+        AddUses(running_queue_[i], RunningUses(i), -1);
+        allocation = *allocator_.Place(placing, config_.placement);
+        needed.push_back(i);
+      }
+    }
+    std::sort(needed.begin(), needed.end(),
+              [&](size_t a, size_t b) { return running_[a].spec.id < running_[b].spec.id; });
+    return needed;
+  }
+
+  // Priority preemption inside queue q: preemptible running jobs of q of a strictly worse class
+  // (lower priority; for LAS also a later LAS queue), worst first and among equals the most
+  // recently started. Stopping them frees GPUs and the queue's own quota. All or nothing.
+  bool TryPreemptInQueue(const JobSpec& spec, int32_t q, const Rank& rank,
+                         const std::vector<int32_t>& candidates) {
+    for (const auto& [shape_spec, cls] : failed_in_queue_)
+      if (cls == rank.cls && shape_spec.queue == spec.queue && Shape{&shape_spec} == Shape{&spec})
+        return false;
+    std::vector<std::pair<Class, size_t>> victims;
+    for (size_t i = 0; i < running_.size(); ++i) {
+      if (running_queue_[i] != q || taken_[i] || !running_[i].spec.preemptible) continue;
+      const Class cls = RunningClass(i);
+      if (rank.cls < cls) victims.emplace_back(cls, i);
+    }
+    if (victims.empty()) {
+      failed_in_queue_.emplace_back(spec, rank.cls);
+      return false;
+    }
+    std::sort(victims.begin(), victims.end(), [&](const auto& a, const auto& b) {
+      if (a.first != b.first) return b.first < a.first;
+      const RunningJob& x = running_[a.second];
+      const RunningJob& y = running_[b.second];
+      if (x.start_time != y.start_time) return x.start_time > y.start_time;
+      return x.spec.id > y.spec.id;
+    });
+    const int64_t demand = spec.TotalGpuMilli();
+    std::vector<size_t> released;
+    std::optional<Allocation> allocation;
+    int32_t resource = 0;
+    // Restricted copies of the spec, one per per-model resource, made once.
+    std::vector<std::pair<int32_t, JobSpec>> restricted;
+    for (int32_t r : candidates)
+      if (r != 0) restricted.emplace_back(r, PlacementSpec(spec, r));
+    auto spec_for = [&](int32_t r) -> const JobSpec& {
+      for (const auto& entry : restricted)
+        if (entry.first == r) return entry.second;
+      return spec;
+    };
+    for (const auto& victim : victims) {
+      const size_t i = victim.second;
+      allocator_.Release(running_[i].spec, running_[i].allocation);
+      AddUses(q, RunningUses(i), -1);
+      released.push_back(i);
+      for (int32_t r : demand > 0 ? candidates : cpu_only_) {
+        if ((demand > 0 && !Admit(q, r, demand).ok) || !MayPlace(spec_for(r))) continue;
+        if ((allocation = allocator_.Place(spec_for(r), config_.placement))) {
+          resource = r;
+          break;
+        }
+      }
+      if (allocation) break;
+    }
+    const JobSpec& placing = spec_for(resource);
+    if (!allocation) {
+      for (size_t i : released) {
+        allocator_.Commit(running_[i].spec, running_[i].allocation);
+        AddUses(q, RunningUses(i), +1);
+      }
+      failed_in_queue_.emplace_back(spec, rank.cls);
+      return false;
+    }
+    std::vector<size_t> needed = GiveBack(released, placing, *allocation, [&] {
+      return demand == 0 || Admit(q, resource, demand).ok;
+    });
+    for (size_t i : needed) {
+      const bool demoted =
+          config_.order == QueueOrder::kLas && RunningClass(i).first == rank.cls.first;
+      Preempted(i, spec.id, demoted ? PreemptReason::kLasDemotion : PreemptReason::kHigherPriority);
+    }
+    Start(spec, q, std::move(*allocation), false, true);
+    return true;
+  }
+
+  Class RunningClass(size_t i) {
+    if (running_class_.empty()) running_class_.resize(running_.size());
+    if (!running_class_[i])
+      running_class_[i] =
+          RankOf(running_[i].spec, running_[i].attained_gpu_ms, -1, now_, config_).cls;
+    return *running_class_[i];
+  }
+
+  // Records victim i as preempted; its allocation and usage are already released.
+  void Preempted(size_t i, JobId for_job, PreemptReason reason) {
+    taken_[i] = true;
+    decisions_.preemptions.push_back({running_[i].spec.id, for_job, reason});
+  }
+
+  // `after_preemption`: capacity grew, so shapes that failed before may fit now.
+  void Start(const JobSpec& spec, int32_t q, Allocation allocation, bool uses_reserve,
+             bool after_preemption = false) {
+    if (after_preemption) {
+      failed_shapes_.clear();
+      failed_reclaims_.clear();
+      failed_in_queue_.clear();
+    }
+    if (uses_reserve) reservation_->spare_milli -= spec.TotalGpuMilli();
+    AddUses(q, UsesOf(q, spec, allocation), +1);
+    if (spec.runtime_estimate)
+      new_ends_.emplace_back(now_ + *spec.runtime_estimate, spec.TotalGpuMilli());
+    decisions_.placements.push_back({spec.id, std::move(allocation)});
+  }
+
+  void Wait(const JobSpec& spec, WaitReason reason) {
+    if (explain_) decisions_.waiting.push_back({spec.id, reason, std::nullopt});
+  }
+  // A quota wait; its numbers are gathered only when someone will read them.
+  void QuotaWaitFor(const JobSpec& spec, WaitReason reason, int32_t q,
+                    std::optional<int32_t> resource) {
+    if (!explain_) return;
+    std::optional<QuotaWait> detail;
+    if (resource) detail = Detail(q, *resource, spec.TotalGpuMilli());
+    decisions_.waiting.push_back({spec.id, reason, std::move(detail)});
+  }
+
+  std::optional<WaitReason> NeverFits(const JobSpec& spec) {
+    const Shape shape{&spec};
+    auto it = infeasible_shapes_.find(shape);
+    if (it != infeasible_shapes_.end()) return it->second;
+    return infeasible_shapes_.emplace(shape, allocator_.WhyNeverFits(spec)).first->second;
+  }
+
+  // EASY backfill's reservation, as in the plain cycle: over the whole cluster, for the first
+  // job that the quota admits but the free GPUs cannot hold.
+  Reservation Reserve(const JobSpec& head) const {
+    std::vector<std::pair<TimeMs, int64_t>> ends = new_ends_;
+    for (size_t i = 0; i < running_.size(); ++i) {
+      const RunningJob& job = running_[i];
+      if (!job.spec.runtime_estimate || taken_[i]) continue;
+      ends.emplace_back(std::max(now_, job.start_time + *job.spec.runtime_estimate),
+                        job.spec.TotalGpuMilli());
+    }
+    return ReserveFor(std::move(ends), allocator_.FreeGpuMilli(), head.TotalGpuMilli());
+  }
+
+  std::span<const RunningJob> running_;
+  TimeMs now_;
+  const SchedulerConfig& config_;
+  Allocator& allocator_;
+  const Cluster& cluster_;
+  bool explain_ = true;
+  Decisions decisions_;
+
+  std::unordered_map<std::string_view, int32_t> queue_index_;
+  std::unordered_map<std::string, int32_t> model_resource_;
+  std::vector<std::string> resource_names_;
+  size_t resources_ = 1;
+  std::vector<int64_t> nominal_, used_;  // [queue][resource]
+  std::vector<int32_t> cohort_of_;       // -1: none
+  std::vector<std::vector<int32_t>> cohort_members_;
+  std::vector<int64_t> cohort_nominal_, cohort_used_;  // [cohort][resource]
+  std::vector<std::vector<int32_t>> candidates_;       // per queue
+  const std::vector<int32_t> no_resources_;
+  const std::vector<int32_t> cpu_only_ = {0};  // a CPU-only job's one pseudo-resource
+
+  std::vector<int32_t> running_queue_;
+  std::vector<Use> uses_flat_;        // what the running jobs hold, job after job
+  std::vector<uint32_t> uses_begin_;  // job i's uses: [uses_begin_[i], uses_begin_[i + 1])
+  std::vector<bool> taken_;           // preempted in this cycle
+  JobSpec restricted_;
+  std::vector<int32_t> filtered_;
+  std::vector<std::optional<Class>> running_class_;
+  std::vector<std::optional<Class>> worst_class_;  // per queue, see MayPreemptInQueue
+
+  std::unordered_set<Shape, ShapeHash> failed_shapes_;
+  std::unordered_map<Shape, std::optional<WaitReason>, ShapeHash> infeasible_shapes_;
+  std::vector<std::tuple<Shape, int32_t, int32_t>> failed_reclaims_;  // shape, resource, queue
+  std::deque<JobSpec> restricted_store_;
+  std::vector<std::pair<JobSpec, Class>> failed_in_queue_;
+  std::unordered_set<int32_t> queue_blocked_;  // strict FIFO: queues whose head waits
+  std::vector<std::pair<TimeMs, int64_t>> new_ends_;
+  std::optional<Reservation> reservation_;
+};
+
+}  // namespace
+
+Decisions RunQuotaCycle(Allocator& capacity, std::span<const RunningJob> running,
+                        std::span<const PendingJob* const> pending, TimeMs now,
+                        const SchedulerConfig& config, const CycleOptions& options) {
+  return QuotaCycle(capacity, running, now, config).Run(pending, options);
+}
+
+}  // namespace gpufleet::sched

@@ -1,0 +1,32 @@
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <tuple>
+#include <utility>
+
+#include "core/job.h"
+#include "sched/policy.h"
+
+// Internal to src/sched: the queue order shared by the plain and the quota cycle.
+namespace gpufleet::sched {
+
+inline constexpr TimeMs kNever = std::numeric_limits<TimeMs>::max();
+
+// Lexicographic rank: smaller runs first. `cls` is the part that preemption compares: a job may
+// only preempt jobs of a strictly worse class, never a peer that merely arrived later.
+struct Rank {
+  std::pair<int64_t, int64_t> cls;
+  int64_t tiebreak1 = 0;
+  int64_t tiebreak2 = 0;
+  JobId id = 0;
+  auto Tuple() const { return std::tie(cls, tiebreak1, tiebreak2, id); }
+  bool operator<(const Rank& other) const { return Tuple() < other.Tuple(); }
+};
+
+int64_t LasQueue(int64_t attained_gpu_ms, const SchedulerConfig& config);
+
+Rank RankOf(const JobSpec& spec, int64_t attained_gpu_ms, TimeMs waiting_since, TimeMs now,
+            const SchedulerConfig& config);
+
+}  // namespace gpufleet::sched

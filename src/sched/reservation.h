@@ -1,0 +1,38 @@
+#pragma once
+
+// Internal to src/sched: EASY backfill's reservation, shared by the plain and the quota cycle.
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "sched/rank.h"
+
+namespace gpufleet::sched {
+
+struct Reservation {
+  TimeMs shadow_time = kNever;
+  int64_t spare_milli = 0;  // GPUs free at the shadow time beyond what the head needs
+};
+
+// When `needed_milli` GPUs will be free over the whole cluster: `free_milli` now, plus each of
+// `ends` (when a job ends by its estimate, and the GPUs it frees). Jobs without an estimate are
+// not in `ends`: they are taken never to end.
+inline Reservation ReserveFor(std::vector<std::pair<TimeMs, int64_t>> ends, int64_t free_milli,
+                              int64_t needed_milli) {
+  std::sort(ends.begin(), ends.end());
+  Reservation reservation;
+  for (const auto& [end, milli] : ends) {
+    free_milli += milli;
+    if (free_milli >= needed_milli) {
+      reservation.shadow_time = end;
+      reservation.spare_milli = free_milli - needed_milli;
+      return reservation;
+    }
+  }
+  reservation.spare_milli = std::max<int64_t>(0, free_milli - needed_milli);
+  return reservation;
+}
+
+}  // namespace gpufleet::sched
