@@ -112,11 +112,8 @@ std::string JoinIndices(const std::vector<int32_t>& indices) {
 }
 
 std::string DescribePreemption(const sched::Preemption& preemption) {
-  return preemption.reason == sched::PreemptReason::kLasDemotion
-             ? fmt::format("preempted for job {}, which has had less GPU service (LAS)",
-                           preemption.for_job)
-             : fmt::format("preempted for job {}, which ranks higher in the queue",
-                           preemption.for_job);
+  return fmt::format("{} (job {})", sched::DescribePreemption(preemption.reason),
+                     preemption.for_job);
 }
 
 bool ValidUserName(const std::string& name) {
