@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <ctime>
 #include <set>
 #include <thread>
 
@@ -126,6 +127,85 @@ int RunQueues(const ClusterArgs& args, const Client& client) {
     table.Add({queue.name, std::to_string(queue.pending), std::to_string(queue.running),
                api::FormatGpus(queue.gpu_milli_pending), api::FormatGpus(queue.gpu_milli_running)});
   fmt::print("{}", table.Render());
+  return 0;
+}
+
+}  // namespace
+
+std::optional<TimeMs> ParseSince(const std::string& text, TimeMs now_ms, std::string& error) {
+  int year = 0, month = 0, day = 0;
+  char tail = 0;
+  if (std::sscanf(text.c_str(), "%4d-%2d-%2d%c", &year, &month, &day, &tail) == 3 && month >= 1 &&
+      month <= 12 && day >= 1 && day <= 31) {
+    std::tm date{};
+    date.tm_year = year - 1900;
+    date.tm_mon = month - 1;
+    date.tm_mday = day;
+    return static_cast<TimeMs>(::timegm(&date)) * 1000;
+  }
+  // Days are what people ask usage for; ParseDurationMs stops at hours.
+  std::optional<TimeMs> back;
+  if (text.size() > 1 && text.back() == 'd') {
+    auto days = ParseDurationMs(text.substr(0, text.size() - 1) + "h");
+    if (days) back = *days * 24;
+  } else {
+    back = ParseDurationMs(text);
+  }
+  if (!back || *back <= 0) {
+    error = fmt::format(
+        "'{}': expected a span back from now such as 7d, 24h or 30m, or a date "
+        "such as 2026-12-01",
+        text);
+    return std::nullopt;
+  }
+  return std::max<TimeMs>(0, now_ms - *back);
+}
+
+namespace {
+
+int RunUsage(const ClusterArgs& args, const Client& client) {
+  const TimeMs now = NowMs();
+  std::string error;
+  auto since = ParseSince(args.since, now, error);
+  if (!since) return Fail("--since " + error);
+  TimeMs until = now;
+  if (!args.until.empty()) {
+    auto parsed = ParseSince(args.until, now, error);
+    if (!parsed) return Fail("--until " + error);
+    until = *parsed;
+  }
+  if (until <= *since) return Fail("--until must be later than --since");
+  ApiResult answer = client.Get(
+      fmt::format("/usage?since_ms={}&until_ms={}&by={}", *since, until, UrlEncode(args.by)));
+  if (!answer.ok()) return Fail(answer.message);
+  if (args.connection.json()) {
+    PrintJson(answer.body);
+    return 0;
+  }
+  const nlohmann::json& rows = answer.body.at("usage");
+  if (rows.empty()) {
+    fmt::print(stderr, "No GPU was held by jobs you can see between {} and {}.\n",
+               FormatTime(*since), FormatTime(until));
+    return 0;
+  }
+  const bool by_user = args.by == "user";
+  std::vector<Table::Column> columns = {{"TEAM"}};
+  if (by_user) columns.push_back({"USER"});
+  columns.push_back({"GPU-HOURS", 0, true});
+  columns.push_back({"JOBS", 0, true});
+  Table table(columns);
+  double total = 0;
+  for (const nlohmann::json& row : rows) {
+    std::vector<std::string> cells = {row.value("team", "")};
+    if (by_user) cells.push_back(row.value("user", ""));
+    const double hours = row.value("gpu_hours", 0.0);
+    total += hours;
+    cells.push_back(fmt::format("{:.2f}", hours));
+    cells.push_back(std::to_string(row.value("jobs", 0)));
+    table.Add(cells);
+  }
+  fmt::print("GPU-hours from {} to {}: {:.2f} in all\n{}", FormatTime(*since), FormatTime(until),
+             total, table.Render());
   return 0;
 }
 
@@ -412,13 +492,24 @@ void AddClusterCommands(CLI::App& app, ClusterArgs& args) {
   args.whoami = app.add_subcommand("whoami", "Show who the token is: user, team, role");
   AddConnectionOptions(*args.whoami, args.connection);
 
+  args.usage = app.add_subcommand(
+      "usage", "GPU-hours per team (or user) over a period; users see their own team");
+  args.usage->add_option("--since", args.since, "From: 7d, 24h (back from now) or 2026-12-01")
+      ->capture_default_str();
+  args.usage->add_option("--until", args.until, "To (default: now), as --since");
+  args.usage->add_option("--by", args.by, "team, or user (per user within each team)")
+      ->check(CLI::IsMember({"team", "user"}))
+      ->capture_default_str();
+  AddConnectionOptions(*args.usage, args.connection);
+
   args.audit = app.add_subcommand("audit", "Admin: the audit log of every change, newest first");
   args.audit->add_option("--limit", args.limit, "At most this many entries");
   AddConnectionOptions(*args.audit, args.connection);
 }
 
 std::optional<int> RunClusterCommands(const ClusterArgs& args) {
-  if (!*args.nodes && !*args.queues && !*args.top && !*args.token && !*args.whoami && !*args.audit)
+  if (!*args.nodes && !*args.queues && !*args.top && !*args.token && !*args.whoami &&
+      !*args.audit && !*args.usage)
     return std::nullopt;
   auto client = Client::FromArgs(args.connection);
   if (!client) return kExitFailure;
@@ -431,6 +522,7 @@ std::optional<int> RunClusterCommands(const ClusterArgs& args) {
   if (*args.token_list) return RunTokenList(args, *client);
   if (*args.token_revoke) return RunTokenRevoke(args, *client);
   if (*args.whoami) return RunWhoami(args, *client);
+  if (*args.usage) return RunUsage(args, *client);
   return RunAudit(args, *client);
 }
 

@@ -27,6 +27,10 @@ struct ClusterArgs {
   std::string role;
   // audit
   int32_t limit = 0;
+  // usage
+  std::string since = "7d";
+  std::string until;  // empty: now
+  std::string by = "team";
 
   CLI::App* nodes = nullptr;
   CLI::App* drain = nullptr;
@@ -39,11 +43,16 @@ struct ClusterArgs {
   CLI::App* token_revoke = nullptr;
   CLI::App* whoami = nullptr;
   CLI::App* audit = nullptr;
+  CLI::App* usage = nullptr;
 };
 
 void AddClusterCommands(CLI::App& app, ClusterArgs& args);
 // The exit code of the cluster verb that was given; nothing when none was.
 std::optional<int> RunClusterCommands(const ClusterArgs& args);
+
+// A point in time for `usage`: a span back from now ("7d", "24h", "90m") or a UTC date
+// ("2026-12-01"); nothing (and `error` set) otherwise.
+std::optional<TimeMs> ParseSince(const std::string& text, TimeMs now_ms, std::string& error);
 
 std::string NodesTable(const std::vector<api::NodeRecord>& nodes, TimeMs now_ms);
 

@@ -181,9 +181,14 @@ JobSpec ToJobSpec(const JobRecord& job) {
   return spec;
 }
 
-Service ServiceOf(const JobRecord& job, TimeMs now) {
-  Service service;
-  const int64_t gpu_milli = static_cast<int64_t>(job.spec.gpu_milli_per_task) * job.spec.tasks;
+namespace {
+
+enum class SpanEnd { kRequeued, kEnded, kOngoing };
+
+// Calls visit(start, end, how) for each span the job held GPUs (scheduled, starting or running):
+// spans that ended back in pending (requeued) or otherwise, and the ongoing one up to `now`.
+template <typename Visit>
+void ForEachHeldSpan(const JobRecord& job, TimeMs now, Visit visit) {
   TimeMs since = -1;
   for (const api::JobEvent& event : job.events) {
     const auto from = api::ParseJobState(event.from);
@@ -192,17 +197,42 @@ Service ServiceOf(const JobRecord& job, TimeMs now) {
     const bool is_active = to && IsActive(*to);
     if (!was_active && is_active) since = event.time_ms;
     if (was_active && !is_active && since >= 0) {
-      service.attained_gpu_ms += (event.time_ms - since) * gpu_milli / kMilliPerGpu;
-      service.last_run_end = event.time_ms;
+      visit(since, event.time_ms, to == JobState::kPending ? SpanEnd::kRequeued : SpanEnd::kEnded);
       since = -1;
-      if (to == JobState::kPending) ++service.preemptions;
     }
   }
-  if (since >= 0 && IsActive(job.state)) {
-    service.attained_gpu_ms += std::max<TimeMs>(0, now - since) * gpu_milli / kMilliPerGpu;
-    service.run_start = since;
-  }
+  if (since >= 0 && IsActive(job.state)) visit(since, std::max(since, now), SpanEnd::kOngoing);
+}
+
+int64_t GpuMilliOf(const JobRecord& job) {
+  return static_cast<int64_t>(job.spec.gpu_milli_per_task) * job.spec.tasks;
+}
+
+}  // namespace
+
+Service ServiceOf(const JobRecord& job, TimeMs now) {
+  Service service;
+  const int64_t gpu_milli = GpuMilliOf(job);
+  ForEachHeldSpan(job, now, [&](TimeMs start, TimeMs end, SpanEnd how) {
+    service.attained_gpu_ms += (end - start) * gpu_milli / kMilliPerGpu;
+    if (how == SpanEnd::kOngoing) {
+      service.run_start = start;
+      return;
+    }
+    service.last_run_end = end;
+    if (how == SpanEnd::kRequeued) ++service.preemptions;
+  });
   return service;
+}
+
+int64_t GpuMsBetween(const JobRecord& job, TimeMs from, TimeMs to, TimeMs now) {
+  const int64_t gpu_milli = GpuMilliOf(job);
+  int64_t gpu_ms = 0;
+  ForEachHeldSpan(job, now, [&](TimeMs start, TimeMs end, SpanEnd) {
+    const TimeMs clipped = std::min(end, to) - std::max(start, from);
+    if (clipped > 0) gpu_ms += clipped * gpu_milli / kMilliPerGpu;
+  });
+  return gpu_ms;
 }
 
 int32_t MasterPort(JobId job) {

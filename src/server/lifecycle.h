@@ -64,6 +64,10 @@ struct Service {
 };
 Service ServiceOf(const api::JobRecord& job, TimeMs now);
 
+// GPU-milliseconds the job held (scheduled, starting or running, GPUs x time) within
+// [from, to), counting an attempt still active as held until `now`.
+int64_t GpuMsBetween(const api::JobRecord& job, TimeMs from, TimeMs to, TimeMs now);
+
 // What the node of task `rank` must run: the job's command and env plus the gang's variables
 // (torchrun's MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, ...), which the job's env cannot
 // override. `master_addr` is rank 0's node address. `checkpoint_root`, when set, is a directory

@@ -6,6 +6,7 @@
 #include <charconv>
 #include <deque>
 #include <initializer_list>
+#include <limits>
 #include <utility>
 
 #include <fmt/format.h>
@@ -31,6 +32,8 @@ using net::HttpResponse;
 using nlohmann::json;
 using store::Mutation;
 using Impl = Server::Impl;
+
+constexpr TimeMs kNoEnd = std::numeric_limits<TimeMs>::max();
 
 constexpr int64_t kDefaultListLimit = 100;
 constexpr int64_t kMaxListLimit = 10000;
@@ -435,6 +438,55 @@ void ListQueues(Impl& s, const HttpRequest&, const Caller&, HttpResponder respon
   respond(JsonResponse(200, json{{"queues", std::move(list)}}));
 }
 
+// ---- Usage ----------------------------------------------------------------------------------
+
+// GPU-hours per team (or per team and user) within [since_ms, until_ms): a user sees their own
+// team's rows only.
+void Usage(Impl& s, const HttpRequest& request, const Caller& caller, HttpResponder respond) {
+  std::string error;
+  const TimeMs now = WallMs();
+  auto since = QueryInt(request, "since_ms", 0, 0, kNoEnd, error);
+  auto until = since ? QueryInt(request, "until_ms", now, 0, kNoEnd, error) : std::nullopt;
+  if (!since || !until) return respond(HttpResponse::Error(400, error));
+  if (*until <= *since)
+    return respond(HttpResponse::Error(
+        400, fmt::format("until_ms {} must be after since_ms {}", *until, *since)));
+  const std::string by = request.Query("by").value_or("team");
+  if (by != "team" && by != "user")
+    return respond(HttpResponse::Error(400, fmt::format("by '{}': expected team or user", by)));
+  struct Row {
+    int64_t gpu_ms = 0;
+    int64_t jobs = 0;
+  };
+  std::map<std::pair<std::string, std::string>, Row> rows;
+  {
+    std::lock_guard lock(s.mu);
+    for (const auto& [id, job] : s.jobs) {
+      if (!caller.admin() && job.team != caller.info.team) continue;
+      const int64_t gpu_ms = GpuMsBetween(job, *since, *until, now);
+      if (gpu_ms == 0) continue;
+      Row& row = rows[{job.team, by == "user" ? job.user : ""}];
+      row.gpu_ms += gpu_ms;
+      ++row.jobs;
+    }
+  }
+  json list = json::array();
+  for (const auto& [key, row] : rows) {
+    json entry = {{"team", key.first},
+                  {"gpu_hours", static_cast<double>(row.gpu_ms) / 3'600'000.0},
+                  {"gpu_ms", row.gpu_ms},
+                  {"jobs", row.jobs}};
+    if (by == "user") entry["user"] = key.second;
+    list.push_back(std::move(entry));
+  }
+  std::stable_sort(list.begin(), list.end(), [](const json& a, const json& b) {
+    return a["gpu_ms"].get<int64_t>() > b["gpu_ms"].get<int64_t>();
+  });
+  respond(JsonResponse(
+      200,
+      json{{"since_ms", *since}, {"until_ms", *until}, {"by", by}, {"usage", std::move(list)}}));
+}
+
 // ---- Tokens, identity, audit -------------------------------------------------------------------
 
 void Whoami(Impl&, const HttpRequest&, const Caller& caller, HttpResponder respond) {
@@ -642,10 +694,14 @@ HttpResponse Metrics(Impl& s) {
   MilliGpu allocated_milli = 0;
   uint64_t audit_entries = 0;
   size_t parked = 0;
+  std::map<std::string, int64_t> gpu_ms_by_team;
   {
     std::lock_guard lock(s.mu);
-    for (const auto& [id, job] : s.jobs)
+    const TimeMs now = WallMs();
+    for (const auto& [id, job] : s.jobs) {
       ++jobs_by[{job.spec.queue, std::string(api::JobStateName(job.state))}];
+      gpu_ms_by_team[job.team] += GpuMsBetween(job, 0, kNoEnd, now);
+    }
     for (const auto& [name, entry] : s.nodes) {
       ++nodes_by[std::string(api::NodeStateName(entry.record.state))];
       parked += entry.parked.size();
@@ -663,6 +719,12 @@ HttpResponse Metrics(Impl& s) {
   for (const auto& [key, count] : jobs_by)
     out += fmt::format("gpufleet_jobs{{queue=\"{}\",state=\"{}\"}} {}\n", PromLabel(key.first),
                        key.second, count);
+  out +=
+      "# HELP gpufleet_team_gpu_seconds_total GPU-seconds held by each team's jobs since the "
+      "store began.\n# TYPE gpufleet_team_gpu_seconds_total counter\n";
+  for (const auto& [team, gpu_ms] : gpu_ms_by_team)
+    out += fmt::format("gpufleet_team_gpu_seconds_total{{team=\"{}\"}} {:.3f}\n", PromLabel(team),
+                       static_cast<double>(gpu_ms) / 1000.0);
   out += "# HELP gpufleet_nodes Nodes by state.\n# TYPE gpufleet_nodes gauge\n";
   for (const auto& [state, count] : nodes_by)
     out += fmt::format("gpufleet_nodes{{state=\"{}\"}} {}\n", state, count);
@@ -799,6 +861,7 @@ void Server::Impl::AddRoutes() {
   api("POST", "/api/v1/nodes/{name}/drain", admin, DrainNode);
   api("POST", "/api/v1/nodes/{name}/undrain", admin, UndrainNode);
   api("GET", "/api/v1/queues", people, ListQueues);
+  api("GET", "/api/v1/usage", people, Usage);
   api("GET", "/api/v1/whoami", {Role::kAdmin, Role::kUser, Role::kAgent}, Whoami);
   api("POST", "/api/v1/tokens", admin, CreateTokenRoute);
   api("GET", "/api/v1/tokens", admin, ListTokens);

@@ -509,5 +509,19 @@ TEST(Table, NodesAndTop) {
   EXPECT_NE(short_frame.find("... 1 more GPU(s)"), std::string::npos) << short_frame;
 }
 
+TEST(Usage, SinceIsASpanBackFromNowOrAUtcDate) {
+  std::string error;
+  const TimeMs now = 1'764'720'000'000;  // 2025-12-03 00:00 UTC
+  EXPECT_EQ(ParseSince("7d", now, error), now - 7 * 24 * 3'600'000);
+  EXPECT_EQ(ParseSince("24h", now, error), now - 24 * 3'600'000);
+  EXPECT_EQ(ParseSince("90m", now, error), now - 90 * 60'000);
+  EXPECT_EQ(ParseSince("2025-12-01", now, error), now - 2 * 24 * 3'600'000);
+  EXPECT_EQ(ParseSince("100000d", now, error), 0);  // before the epoch: from the start
+  for (const char* bad : {"", "yesterday", "-1h", "0s", "2025-13-01", "2025-12-01x"}) {
+    EXPECT_EQ(ParseSince(bad, now, error), std::nullopt) << bad;
+    EXPECT_NE(error.find("7d, 24h"), std::string::npos) << error;
+  }
+}
+
 }  // namespace
 }  // namespace gpufleet::cli

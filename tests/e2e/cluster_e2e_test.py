@@ -118,6 +118,22 @@ def test_teams_are_isolated(gpufleet):
         status, _ = api(cluster.url, bob, "GET", "/api/v1/audit")
         check(status == 403, f"a user read the audit log: HTTP {status}")
 
+        # Usage: bob's job held a GPU; the admin sees it per team and user, alice sees none of it.
+        cluster.wait_state(job["id"], "cancelled")
+        status, usage = api(cluster.url, cluster.admin_token, "GET", "/api/v1/usage?by=user")
+        rows = usage.get("usage", [])
+        check(status == 200 and any(row["team"] == "speech" and row["user"] == "bob" and
+                                    row["gpu_ms"] > 0 and row["jobs"] == 1 for row in rows),
+              f"usage by user: HTTP {status} {usage}")
+        status, usage = api(cluster.url, alice, "GET", "/api/v1/usage")
+        check(status == 200 and usage["usage"] == [], f"alice sees usage: {usage}")
+        table = cluster.cli("usage", "--since", "1h", "--by", "user").stdout
+        check(re.search(r"^speech\s+bob\s+\d+\.\d\d\s+1$", table, re.MULTILINE),
+              f"usage table: {table!r}")
+        status, metrics = http("GET", cluster.url + "/metrics")
+        check('gpufleet_team_gpu_seconds_total{team="speech"}' in metrics,
+              "no per-team GPU-seconds in /metrics")
+
 
 def test_agent_restart_keeps_the_job(gpufleet):
     with Cluster(gpufleet, "agent-restart") as cluster:
