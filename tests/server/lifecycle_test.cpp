@@ -219,6 +219,18 @@ TEST(Lifecycle, ServiceAddsUpTheTimeGpusWereHeld) {
   EXPECT_EQ(service.run_start, 7000);
 }
 
+TEST(Lifecycle, UsageCountsHeldGpuTimeWithinThePeriod) {
+  JobRecord job = PendingJob(2, 2000);  // 4 GPUs in all
+  PlaceJob(job, Tasks(job, {"n1", "n2"}), "placed", 2000);
+  RequeueJob(job, "preempted", 5000);                       // held [2 s, 5 s)
+  PlaceJob(job, Tasks(job, {"n1", "n2"}), "placed", 7000);  // held from 7 s, still at 9 s
+  EXPECT_EQ(GpuMsBetween(job, 0, 100000, 9000), 4 * (3000 + 2000));
+  EXPECT_EQ(GpuMsBetween(job, 4000, 8000, 9000), 4 * (1000 + 1000));
+  EXPECT_EQ(GpuMsBetween(job, 5000, 7000, 9000), 0);  // pending between the attempts
+  EXPECT_EQ(GpuMsBetween(job, 0, 100000, 9000), ServiceOf(job, 9000).attained_gpu_ms);
+  EXPECT_EQ(GpuMsBetween(PendingJob(1), 0, 100000, 9000), 0);
+}
+
 TEST(Lifecycle, ToJobSpecCarriesTheRequest) {
   JobRecord job = PendingJob(3, 500);
   job.spec.priority = 5;
