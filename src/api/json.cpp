@@ -479,7 +479,12 @@ void to_json(json& out, const QueueStatus& value) {
              {"gpus_pending", FormatGpus(value.gpu_milli_pending)},
              {"gpus_running", FormatGpus(value.gpu_milli_running)},
              {"gpu_milli_pending", value.gpu_milli_pending},
-             {"gpu_milli_running", value.gpu_milli_running}};
+             {"gpu_milli_running", value.gpu_milli_running},
+             {"configured", value.configured},
+             {"cohort", value.cohort},
+             {"gpu_milli_guaranteed", value.gpu_milli_guaranteed}};
+  if (value.gpu_milli_borrowing_limit)
+    out["gpu_milli_borrowing_limit"] = *value.gpu_milli_borrowing_limit;
 }
 void from_json(const json& in, QueueStatus& value) {
   Read(in, "name", value.name);
@@ -487,6 +492,10 @@ void from_json(const json& in, QueueStatus& value) {
   Read(in, "running", value.running);
   Read(in, "gpu_milli_pending", value.gpu_milli_pending);
   Read(in, "gpu_milli_running", value.gpu_milli_running);
+  Read(in, "configured", value.configured);
+  Read(in, "cohort", value.cohort);
+  Read(in, "gpu_milli_guaranteed", value.gpu_milli_guaranteed);
+  ReadOptional(in, "gpu_milli_borrowing_limit", value.gpu_milli_borrowing_limit);
 }
 
 void to_json(json& out, const TokenInfo& value) {

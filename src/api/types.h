@@ -144,6 +144,11 @@ struct QueueStatus {
   int64_t running = 0;  // scheduled, starting or running
   MilliGpu gpu_milli_pending = 0;
   MilliGpu gpu_milli_running = 0;
+  // Set when the server has a queues file (docs/quotas.md); otherwise queues exist by use.
+  bool configured = false;
+  std::string cohort;
+  MilliGpu gpu_milli_guaranteed = 0;  // over all models (the sum, for per-model guarantees)
+  std::optional<MilliGpu> gpu_milli_borrowing_limit;
 };
 
 enum class Role { kAdmin, kUser, kAgent };

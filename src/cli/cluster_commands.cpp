@@ -118,14 +118,32 @@ int RunQueues(const ClusterArgs& args, const Client& client) {
     fmt::print(stderr, "No queue has pending or running jobs.\n");
     return 0;
   }
-  Table table({{"QUEUE"},
-               {"PENDING", 0, true},
-               {"RUNNING", 0, true},
-               {"GPUS-PENDING", 0, true},
-               {"GPUS-RUNNING", 0, true}});
-  for (const api::QueueStatus& queue : *queues)
-    table.Add({queue.name, std::to_string(queue.pending), std::to_string(queue.running),
-               api::FormatGpus(queue.gpu_milli_pending), api::FormatGpus(queue.gpu_milli_running)});
+  const bool quotas = std::any_of(queues->begin(), queues->end(),
+                                  [](const api::QueueStatus& queue) { return queue.configured; });
+  std::vector<Table::Column> columns = {{"QUEUE"},
+                                        {"PENDING", 0, true},
+                                        {"RUNNING", 0, true},
+                                        {"GPUS-PENDING", 0, true},
+                                        {"GPUS-RUNNING", 0, true}};
+  if (quotas) {
+    columns.push_back({"GUARANTEED", 0, true});
+    columns.push_back({"BORROW-LIMIT", 0, true});
+    columns.push_back({"COHORT"});
+  }
+  Table table(columns);
+  for (const api::QueueStatus& queue : *queues) {
+    std::vector<std::string> cells = {
+        queue.name, std::to_string(queue.pending), std::to_string(queue.running),
+        api::FormatGpus(queue.gpu_milli_pending), api::FormatGpus(queue.gpu_milli_running)};
+    if (quotas) {
+      cells.push_back(api::FormatGpus(queue.gpu_milli_guaranteed));
+      cells.push_back(queue.gpu_milli_borrowing_limit
+                          ? api::FormatGpus(*queue.gpu_milli_borrowing_limit)
+                          : "-");
+      cells.push_back(queue.cohort.empty() ? "-" : queue.cohort);
+    }
+    table.Add(cells);
+  }
   fmt::print("{}", table.Render());
   return 0;
 }

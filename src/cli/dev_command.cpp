@@ -15,6 +15,7 @@
 #include "agent/agent.h"
 #include "agent/agent_api.h"
 #include "agent/control_loop.h"
+#include "cli/server_command.h"
 #include "cli/stop_signals.h"
 #include "core/version.h"
 #include "net/http_client.h"
@@ -92,6 +93,8 @@ CLI::App* AddDevCommand(CLI::App& app, DevArgs& args) {
       "--require-nvml", args.require_nvml,
       "Fail when NVML finds no GPU instead of simulating " + std::string(kDefaultSimGpus));
   dev->add_option("--policy", args.policy, "Queue order: fifo, sjf, las")->capture_default_str();
+  dev->add_option("--queues", args.queues_file,
+                  "Team queues with guaranteed GPU quotas (YAML, docs/quotas.md)");
   dev->add_option("--node-timeout", args.node_timeout,
                   "A node silent this long is lost and its jobs requeued")
       ->capture_default_str();
@@ -160,6 +163,11 @@ int RunDev(const DevArgs& args) {
   server_options.node_timeout_ms = *node_timeout;
   server_options.scheduler.order = *order;
   server_options.scheduler.backfill = sched::DefaultBackfill(*order);
+  if (!args.queues_file.empty()) {
+    auto queues = LoadServerQueues(args.queues_file);
+    if (!queues) return kExitUsage;
+    server_options.scheduler.queues = std::move(*queues);
+  }
   server_options.log = log_to("server");
   auto started = server::Server::Open(server_options);
   if (!started.server) {

@@ -17,6 +17,7 @@ struct DevArgs {
   bool require_nvml = false;  // fail instead of simulating when NVML finds no GPU
   std::string policy = "fifo";
   std::string node_timeout = "30s";
+  std::string queues_file;  // team queues and quotas (docs/quotas.md)
 };
 
 CLI::App* AddDevCommand(CLI::App& app, DevArgs& args);

@@ -9,11 +9,13 @@
 #include <signal.h>
 
 #include "agent/agent_api.h"
+#include "api/json.h"
 #include "cli/stop_signals.h"
 #include "core/quantity.h"
 #include "core/version.h"
 #include "sched/policy.h"
 #include "server/server.h"
+#include "sim/queues.h"
 
 namespace gpufleet::cli {
 namespace {
@@ -102,6 +104,11 @@ std::optional<server::ServerOptions> Options(const ServerArgs& args) {
     return std::nullopt;
   }
   options.checkpoint_root = args.checkpoint_root;
+  if (!args.queues_file.empty()) {
+    auto queues = LoadServerQueues(args.queues_file);
+    if (!queues) return std::nullopt;
+    options.scheduler.queues = std::move(*queues);
+  }
   options.log = [](const std::string& line) {
     const std::time_t now = std::time(nullptr);
     char stamp[32];
@@ -139,6 +146,50 @@ int EnsureAdminToken(server::Server& server, const std::string& data_dir) {
 
 }  // namespace
 
+std::optional<std::vector<sched::QueueConfig>> LoadServerQueues(const std::string& path) {
+  std::vector<sim::QueueEntry> entries;
+  try {
+    entries = sim::LoadQueuesFile(path);
+  } catch (const sim::QueuesError& error) {
+    fmt::print(stderr, "error: --queues {}\n", error.what());
+    return std::nullopt;
+  }
+  std::vector<sched::QueueConfig> queues;
+  for (sim::QueueEntry& entry : entries) {
+    if (!entry.members.empty()) {
+      fmt::print(stderr,
+                 "error: --queues {}: queue '{}' has 'members', which maps trace jobs in the "
+                 "simulator; jobs on a cluster name their queue\n",
+                 path, entry.config.name);
+      return std::nullopt;
+    }
+    queues.push_back(std::move(entry.config));
+  }
+  return queues;
+}
+
+std::string DescribeQueues(const std::vector<sched::QueueConfig>& queues) {
+  std::vector<std::string> parts;
+  for (const sched::QueueConfig& queue : queues) {
+    std::string guarantee;
+    if (queue.PerModel()) {
+      std::vector<std::string> models;
+      for (const auto& [model, milli] : queue.guaranteed_milli_by_model)
+        models.push_back(fmt::format("{} {}", api::FormatGpus(milli), model));
+      guarantee = fmt::format("{}", fmt::join(models, " + "));
+    } else {
+      guarantee = fmt::format("{} GPUs", api::FormatGpus(queue.guaranteed_milli));
+    }
+    parts.push_back(fmt::format(
+        "{} (guarantee {}{}{})", queue.name, guarantee,
+        queue.cohort.empty() ? "" : ", cohort " + queue.cohort,
+        queue.borrowing_limit_milli
+            ? fmt::format(", borrows up to {}", api::FormatGpus(*queue.borrowing_limit_milli))
+            : ""));
+  }
+  return fmt::format("{}", fmt::join(parts, ", "));
+}
+
 CLI::App* AddServerCommand(CLI::App& app, ServerArgs& args) {
   CLI::App* command = app.add_subcommand(
       "server", "Run the control plane: the HTTP API, the scheduler and the state store");
@@ -172,6 +223,9 @@ CLI::App* AddServerCommand(CLI::App& app, ServerArgs& args) {
   command->add_option("--tls-cert", args.tls_cert,
                       "Serve HTTPS with this PEM certificate (chain); needs --tls-key");
   command->add_option("--tls-key", args.tls_key, "The PEM private key of --tls-cert");
+  command->add_option("--queues", args.queues_file,
+                      "Team queues with guaranteed GPU quotas, cohorts and borrowing limits "
+                      "(YAML, docs/quotas.md); jobs must name one of them");
   command->add_option("--checkpoint-root", args.checkpoint_root,
                       "Shared storage every node mounts here: jobs checkpoint to "
                       "<root>/job-<id> (default: each agent's data dir)");
@@ -198,6 +252,7 @@ int RunServer(const ServerArgs& args) {
              sched::Name(scheduler.order), sched::Name(scheduler.backfill),
              sched::Name(scheduler.placement), scheduler.preempt ? ", preemption" : "",
              FormatMs(options->node_timeout_ms), FormatMs(options->heartbeat_ms));
+  if (!scheduler.queues.empty()) fmt::print("  queues: {}\n", DescribeQueues(scheduler.queues));
   if (int status = EnsureAdminToken(*server, args.data_dir); status != 0) {
     server->Stop();
     return status;

@@ -1,8 +1,12 @@
 #pragma once
 
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
+
+#include "sched/queues.h"
 
 namespace gpufleet::cli {
 
@@ -20,9 +24,16 @@ struct ServerArgs {
   std::string tls_cert;  // both or neither: HTTPS
   std::string tls_key;
   std::string checkpoint_root;
+  std::string queues_file;  // team queues and quotas (docs/quotas.md); empty: queues by use
 };
 
 CLI::App* AddServerCommand(CLI::App& app, ServerArgs& args);
+
+// The queues of a --queues file for the server (no trace `members`); nothing, after printing
+// why, when the file is unreadable or wrong.
+std::optional<std::vector<sched::QueueConfig>> LoadServerQueues(const std::string& path);
+// "a (guarantee 8 GPUs, cohort research), b (...)" for startup banners.
+std::string DescribeQueues(const std::vector<sched::QueueConfig>& queues);
 
 // Runs the control plane until SIGINT or SIGTERM. Exit status: 0 after a signal, 2 for bad flags,
 // 1 when it cannot start or its store fails (a restart reloads what is durable).

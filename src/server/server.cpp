@@ -728,7 +728,7 @@ void Server::Impl::ApplyLocked(const Snapshot& snapshot, const sched::Decisions&
     auto it = jobs.find(waiting.job);
     if (it == jobs.end() || it->second.state != JobState::kPending) continue;
     JobRecord& job = it->second;
-    job.reason = sched::DescribeWait(waiting.reason, ToJobSpec(job));
+    job.reason = sched::DescribeWait(waiting, ToJobSpec(job));
     job.reason_code = sched::WaitReasonCode(waiting.reason);
   }
   if (batch.empty()) return;

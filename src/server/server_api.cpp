@@ -180,6 +180,17 @@ void SubmitJob(Impl& s, const HttpRequest& request, const Caller& caller, HttpRe
   std::string error;
   auto spec = api::ParseJobSubmissionText(request.body, error);
   if (!spec) return respond(HttpResponse::Error(400, error));
+  if (const auto& queues = s.options.scheduler.queues;
+      !queues.empty() && std::none_of(queues.begin(), queues.end(), [&](const auto& queue) {
+        return queue.name == spec->queue;
+      })) {
+    std::vector<std::string> names;
+    for (const sched::QueueConfig& queue : queues)
+      names.push_back(queue.name);
+    return respond(
+        HttpResponse::Error(422, fmt::format("queue '{}' does not exist; the queues are {}",
+                                             spec->queue, fmt::join(names, ", "))));
+  }
   if (spec->name.empty()) spec->name = DefaultName(spec->command);
   std::lock_guard lock(s.mu);
   if (RefuseMutationLocked(s, respond)) return;
@@ -416,7 +427,20 @@ void ListQueues(Impl& s, const HttpRequest&, const Caller&, HttpResponder respon
   // Queues exist by use: "default" always, and every queue a job (even a finished one) named,
   // so an idle queue still shows with zeros.
   std::map<std::string, api::QueueStatus> queues;
-  queues["default"].name = "default";
+  if (s.options.scheduler.queues.empty()) queues["default"].name = "default";
+  for (const sched::QueueConfig& config : s.options.scheduler.queues) {
+    api::QueueStatus& queue = queues[config.name];
+    queue.name = config.name;
+    queue.configured = true;
+    queue.cohort = config.cohort;
+    queue.gpu_milli_guaranteed = config.guaranteed_milli;
+    if (config.PerModel()) {
+      queue.gpu_milli_guaranteed = 0;
+      for (const auto& [model, milli] : config.guaranteed_milli_by_model)
+        queue.gpu_milli_guaranteed += milli;
+    }
+    queue.gpu_milli_borrowing_limit = config.borrowing_limit_milli;
+  }
   {
     std::lock_guard lock(s.mu);
     for (const auto& [id, job] : s.jobs) {

@@ -288,6 +288,61 @@ def test_checkpoint_survives_requeue(gpufleet):
               "the checkpoint written on SIGTERM")
 
 
+QUEUES = """\
+- {name: team-a, cohort: lab, guaranteed_gpus: 1}
+- {name: team-b, cohort: lab, guaranteed_gpus: 1}
+"""
+
+
+def test_quota_reclaim_checkpoints_and_requeues(gpufleet):
+    """Team A (1 GPU guaranteed) runs two 1-GPU jobs, the second on team B's idle guarantee;
+    when B submits, A's borrowing job is preempted (reclaim): it saves a checkpoint on SIGTERM,
+    waits in the queue, and resumes from it once B is done. A's job within its guarantee runs on."""
+    with Cluster(gpufleet, "reclaim") as cluster:
+        queues = os.path.join(cluster.root, "queues.yaml")
+        with open(queues, "w") as file:
+            file.write(QUEUES)
+        cluster.server_args += ["--queues", queues]
+        cluster.start_server()
+        cluster.start_agent("node-a", gpus="2xH100-80GB")
+        alice = cluster.token("alice", "a")
+        bob = cluster.token("bob", "b")
+        status, body = api(cluster.url, alice, "POST", "/api/v1/jobs",
+                           {"command": ["true"], "queue": "nope"})
+        check(status == 422 and "team-a, team-b" in body.get("error", ""),
+              f"unknown queue: {status} {body}")
+        listed = cluster.cli("queues").stdout
+        check(re.search(r"^team-a\s.*\s1\s+-\s+lab$", listed, re.MULTILINE),
+              f"queues: {listed!r}")
+
+        kept = cluster.submit({"command": ["sleep", "300"], "gpus": 1, "queue": "team-a"},
+                              alice)
+        cluster.wait_state(kept["id"], "running")
+        borrower = cluster.submit({"command": ["sh", "-c", CHECKPOINTING_JOB], "gpus": 1,
+                                   "queue": "team-a", "grace_period": "20s"}, alice)
+        cluster.wait_state(borrower["id"], "running")
+        job_dir = os.path.join(cluster.root, "agent-node-a", "checkpoints",
+                               f"job-{borrower['id']}")
+        wait_until(lambda: read_file(os.path.join(job_dir, "step")) == "41\n", 10,
+                   "the borrower's first checkpoint")
+
+        owner = cluster.submit({"command": ["sh", "-c", "echo mine; sleep 1"], "gpus": 1,
+                                "queue": "team-b"}, bob)
+        check(cluster.wait_state(owner["id"], ("succeeded", "failed"), timeout=40)["state"] ==
+              "succeeded", "team B's job within its guarantee")
+        done = cluster.wait_state(borrower["id"], ("succeeded", "failed"), timeout=40)
+        check(done["state"] == "succeeded" and done["attempt"] == 1,
+              f"the borrower: {done['state']} attempt {done['attempt']}: {done['reason']}")
+        check(any("borrowing" in event["reason"] for event in done["events"]),
+              f"no reclaim event: {[event['reason'] for event in done['events']]}")
+        resumed = cluster.logs(borrower["id"], token=alice)
+        check(resumed == f"attempt 1 in {job_dir}\nresumed from step 42\n",
+              f"the borrower's second attempt said {resumed!r}")
+        within = cluster.job(kept["id"], alice)
+        check(within["state"] == "running" and within["attempt"] == 0,
+              f"A's job within its guarantee: {within['state']} attempt {within['attempt']}")
+
+
 def test_server_kill9_loses_no_acknowledged_job(gpufleet):
     with Cluster(gpufleet, "kill9") as cluster:
         cluster.start_server()
@@ -351,6 +406,7 @@ def test_tls(gpufleet):
 
 TESTS = [test_cli_submit_logs_cancel, test_teams_are_isolated, test_agent_restart_keeps_the_job,
          test_lost_node_requeues_its_job, test_checkpoint_survives_requeue, test_gpu_shares,
+         test_quota_reclaim_checkpoints_and_requeues,
          test_server_kill9_loses_no_acknowledged_job, test_tls]
 
 if __name__ == "__main__":
