@@ -131,6 +131,7 @@ RunPlan PlanRun(const SimArgs& args, sched::QueueOrder order, const std::string&
     plan.config.queues.push_back(entry.config);
 
   plan.options.restart_cost_ms = std::llround(args.restart_cost_s * kMsPerSecond);
+  plan.options.grace_period_ms = std::llround(args.grace_period_s * kMsPerSecond);
   plan.options.mode =
       ParseChoice<sim::SimMode>("mode", args.mode, sim::ParseSimMode, sim::SimModeNames());
   if (args.estimates.empty()) {
@@ -152,12 +153,15 @@ RunPlan PlanRun(const SimArgs& args, sched::QueueOrder order, const std::string&
   plan.description.estimates = sim::Name(plan.options.estimates);
   plan.description.las_queue_limits_gpu_s = plan.config.las_queue_limits_gpu_s;
   plan.description.restart_cost_s = args.restart_cost_s;
+  plan.description.grace_period_s = args.grace_period_s;
   return plan;
 }
 
 void CheckNumbers(const SimArgs& args) {
   if (args.restart_cost_s < 0 || !std::isfinite(args.restart_cost_s))
     throw UsageError("--restart-cost must be a non-negative number of seconds");
+  if (args.grace_period_s < 0 || !std::isfinite(args.grace_period_s))
+    throw UsageError("--grace-period must be a non-negative number of seconds");
   if (args.load && !(*args.load > 0 && std::isfinite(*args.load)))
     throw UsageError("--load must be a positive factor");
   if (args.limit < 0) throw UsageError("--limit must not be negative");
@@ -362,6 +366,10 @@ CLI::App* AddSimCommand(CLI::App& app, SimArgs& args) {
       ->delimiter(',');
   sim->add_option("--restart-cost", args.restart_cost_s,
                   "Seconds added to a job's remaining run time at each preemption")
+      ->capture_default_str();
+  sim->add_option("--grace-period", args.grace_period_s,
+                  "Seconds a preempted job keeps its GPUs to checkpoint: a job placed on them "
+                  "starts that much later")
       ->capture_default_str();
   sim->add_option("--estimates", args.estimates,
                   "Runtime estimates: none, oracle (default: oracle for sjf and easy backfill)");

@@ -30,6 +30,7 @@ struct SimArgs {
   std::string queues;                     // team queues file (YAML); empty: no queues
   std::string queue_by = "vc";            // vc | user | round-robin
   double restart_cost_s = 30;
+  double grace_period_s = 0;
   std::string estimates;  // empty: oracle for sjf and EASY backfill, else none
   std::string mode = "replay";
   std::optional<double> load;  // empty: arrival times as recorded

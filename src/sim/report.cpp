@@ -51,6 +51,7 @@ std::string PolicyLine(const RunDescription& run) {
     line += run.preempt ? ", preemption on" : ", preemption off";
   }
   line += fmt::format(", estimates {}, restart cost {:g} s", run.estimates, run.restart_cost_s);
+  if (run.grace_period_s > 0) line += fmt::format(", grace period {:g} s", run.grace_period_s);
   return line;
 }
 
@@ -466,7 +467,8 @@ nlohmann::json ToJson(const SimReport& report) {
                     {"preempt", run.preempt},
                     {"estimates", run.estimates},
                     {"las_queue_limits_gpu_s", run.las_queue_limits_gpu_s},
-                    {"restart_cost_s", run.restart_cost_s}};
+                    {"restart_cost_s", run.restart_cost_s},
+                    {"grace_period_s", run.grace_period_s}};
   if (run.target_load) {
     json["load"] = {{"offered", run.offered_load.value_or(0)},
                     {"target", *run.target_load},

@@ -28,6 +28,7 @@ struct RunDescription {
   std::string estimates;
   std::vector<int64_t> las_queue_limits_gpu_s;
   double restart_cost_s = 0;
+  double grace_period_s = 0;
   // Load scaling (--load): the offered load as recorded, the one asked for, and the factor the
   // inter-arrival times were multiplied by. Empty when the trace's own arrival times were used.
   std::optional<double> offered_load;

@@ -239,10 +239,28 @@ class Replay {
       applied_ = false;
     }
     ++result_.scheduling_cycles;
+    // GPUs the victims hold through their grace period: (node, GPU) pairs.
+    std::vector<std::pair<int32_t, int32_t>> draining;
+    if (options_.grace_period_ms > 0) {
+      for (const sched::Preemption& preemption : decisions.preemptions) {
+        if (preemption.job >= jobs_.size() || jobs_[preemption.job].where != Where::kRunning)
+          continue;  // Preempt reports it
+        for (const sched::TaskPlacement& task : running_[jobs_[preemption.job].slot].allocation)
+          for (const sched::GpuShare& share : task.gpus)
+            draining.emplace_back(task.node, share.gpu);
+      }
+      std::sort(draining.begin(), draining.end());
+    }
     for (const sched::Preemption& preemption : decisions.preemptions)
       Preempt(preemption.job, now);
-    for (sched::Placement& placement : decisions.placements)
-      Start(placement, now);
+    for (sched::Placement& placement : decisions.placements) {
+      bool waits_for_grace = false;
+      for (const sched::TaskPlacement& task : placement.allocation)
+        for (const sched::GpuShare& share : task.gpus)
+          waits_for_grace = waits_for_grace || std::binary_search(draining.begin(), draining.end(),
+                                                                  std::pair(task.node, share.gpu));
+      Start(placement, now, waits_for_grace ? options_.grace_period_ms : 0);
+    }
     if (!holes_.empty()) CompactPending();
   }
 
@@ -283,7 +301,8 @@ class Replay {
     ++result_.preemptions;
   }
 
-  void Start(sched::Placement& placement, TimeMs now) {
+  // `delay`: the job's GPUs are still held by a preempted job's grace period for this long.
+  void Start(sched::Placement& placement, TimeMs now, TimeMs delay = 0) {
     const JobId id = placement.job;
     if (id >= jobs_.size() || jobs_[id].where != Where::kPending)
       throw SimError(fmt::format("the scheduler placed job {} which is not pending", id));
@@ -309,6 +328,7 @@ class Replay {
 
     JobOutcome& outcome = result_.jobs[id];
     if (outcome.first_start < 0) outcome.first_start = now;
+    state.remaining += delay;
     events_.push(Event{.time = now + state.remaining,
                        .kind = EventKind::kCompletion,
                        .generation = state.generation,

@@ -42,6 +42,10 @@ struct SimOptions {
   // Charged on every preemption: added to the job's remaining run time (checkpoint reload,
   // warm-up).
   TimeMs restart_cost_ms = 30 * kMsPerSecond;
+  // A preempted job keeps its GPUs this long to checkpoint (SIGTERM, then the grace period) on
+  // the cluster, so a job placed on GPUs a preemption freed starts this much later: charged by
+  // adding it to that job's run time.
+  TimeMs grace_period_ms = 0;
   Estimates estimates = Estimates::kNone;
   SimMode mode = SimMode::kReplay;
   // The recorded time series is downsampled to at most this many points (0 = keep all).

@@ -141,6 +141,24 @@ TEST(Replay, LasPreemptsTheLongJobForANewShortOneAndChargesTheRestart) {
   EXPECT_EQ(Jct(free_restart, 0), (250 + 800) * kSec);
 }
 
+TEST(Replay, AGracePeriodDelaysTheJobPlacedOnTheGpusAPreemptionFreed) {
+  // As above, with a 20 s grace period: L checkpoints for 20 s on its GPU, so S ends at 270
+  // instead of 250 and L, resumed when S ends, finishes 20 s later too.
+  sched::SchedulerConfig config = Config(sched::QueueOrder::kLas, sched::Backfill::kFirstFit);
+  config.las_queue_limits_gpu_s = {100};
+  const Trace trace = MakeTrace({Job(0, 0, 1000, 1), Job(1, 200, 50, 1)});
+  SimOptions options = Options();
+  options.grace_period_ms = 20 * kSec;
+  const SimResult result = Simulate(OneNode(1), trace, config, options);
+  EXPECT_EQ(Jct(result, 1), (20 + 50) * kSec);
+  EXPECT_EQ(Jct(result, 0), (270 + 800 + 30) * kSec);
+
+  // A job placed on GPUs nobody was preempted from is not delayed: on 2 GPUs nothing preempts.
+  const SimResult roomy = Simulate(OneNode(2), trace, config, options);
+  EXPECT_EQ(Jct(roomy, 1), 50 * kSec);
+  EXPECT_EQ(roomy.preemptions, 0);
+}
+
 TEST(Replay, LasDemotionCheckPreemptsWithoutAnyOtherEvent) {
   // S arrives at 50 while L is still in the first queue: same class, S waits. Nothing else
   // happens until L's service passes 100 GPU-s at 100.001 s; only the demotion check lets S in.
