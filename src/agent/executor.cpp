@@ -40,6 +40,18 @@ using executor_internal::WriteFileAtomically;
 
 namespace {
 
+// Workload ids are unique per agent, not per machine: two agents (tests, a dev cluster beside
+// an agent) may both run "j1-r0-a0", and a shim empties and removes its cgroup when it ends. The
+// data dir's hash in the name keeps each agent's cgroups its own. FNV-1a, so names are stable.
+std::string CgroupLeafName(const std::string& workload_id, const std::string& data_dir) {
+  uint32_t hash = 2166136261u;
+  for (unsigned char c : data_dir) {
+    hash ^= c;
+    hash *= 16777619u;
+  }
+  return fmt::format("{}-{:08x}", workload_id, hash);
+}
+
 constexpr const char* kDefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 constexpr int kShimReadyFd = 3;
 
@@ -572,7 +584,8 @@ ExecutorResult<WorkloadStatus> Executor::Launch(const WorkloadSpec& spec) {
   const bool wants_limits = spec.cpu_milli > 0 || spec.memory_mib > 0;
   if (state.cgroups.version() != CgroupVersion::kNone) {
     WorkloadCgroup cgroup;
-    if (auto error = state.cgroups.Create(spec.id, {spec.cpu_milli, spec.memory_mib}, cgroup)) {
+    if (auto error = state.cgroups.Create(CgroupLeafName(spec.id, state.config.data_dir),
+                                          {spec.cpu_milli, spec.memory_mib}, cgroup)) {
       shim_spec.limits_warning =
           fmt::format("no cgroup ({}); running without cpu/memory limits", *error);
     } else {

@@ -84,7 +84,7 @@ def test_local_run(gpufleet, work):
           f"CUDA_VISIBLE_DEVICES is not two GPU indices: {lines[0]!r}")
     limited = "NO limits" not in result.stderr
     if limited:
-        check(any(re.search(r":/gpufleet/w-[0-9a-f]{12}$", line) for line in lines[1:]),
+        check(any(re.search(r":/gpufleet/w-[0-9a-f]{12}-[0-9a-f]{8}$", line) for line in lines[1:]),
               f"the workload is not in a gpufleet cgroup:\n{result.stdout}")
     else:
         print(f"note: this machine applies no cgroup limits: {result.stderr.strip()}")

@@ -526,6 +526,40 @@ TEST_F(CgroupExecutorTest, AppliesCpuAndMemoryLimitsAndRemovesTheCgroup) {
     EXPECT_FALSE(fs::exists(dir)) << dir;
 }
 
+TEST_F(CgroupExecutorTest, TwoAgentsRunningTheSameWorkloadIdKeepTheirOwnCgroups) {
+  Executor& first = Open(CgroupMode::kAuto);
+  if (first.cgroup_version() == CgroupVersion::kNone)
+    GTEST_SKIP() << "no writable cgroups here: " << first.cgroup_warning();
+  ExecutorConfig other_config = Config(CgroupMode::kAuto);
+  other_config.data_dir = (root_ / "other-agent").string();
+  auto opened = Executor::Open(std::move(other_config));
+  ASSERT_TRUE(opened.ok()) << opened.error();
+  std::unique_ptr<Executor> second = std::move(opened.value());
+
+  // Both run "j1-r0-a0" with limits at once, each in a cgroup of its own: one agent's workload
+  // ending (its shim empties and removes its cgroup) must never touch the other's.
+  WorkloadSpec spec = Shell("j1-r0-a0", "echo ready; exec sleep 100");
+  spec.memory_mib = 64;
+  auto launched = second->Launch(spec);
+  ASSERT_TRUE(launched.ok()) << launched.error();
+  const WorkloadStatus theirs = launched.value();
+  RememberParents(theirs);
+  const WorkloadStatus ours = LaunchOk(spec);
+  RememberParents(ours);
+  EXPECT_TRUE(theirs.limits_applied) << theirs.limits_warning;
+  EXPECT_TRUE(ours.limits_applied) << ours.limits_warning;
+  EXPECT_NE(ours.cgroup_paths, theirs.cgroup_paths);
+  ASSERT_TRUE(WaitForText(ours.stdout_log, "ready"));
+  first.Cancel("j1-r0-a0", 500);
+  EXPECT_EQ(WaitFinished(first, "j1-r0-a0").signal, SIGTERM);
+  auto still = second->Get("j1-r0-a0");
+  ASSERT_TRUE(still.ok());
+  EXPECT_EQ(still.value().state, WorkloadState::kRunning);
+  second->Cancel("j1-r0-a0", 500);
+  EXPECT_EQ(WaitFinished(*second, "j1-r0-a0").signal, SIGTERM);
+  second.reset();
+}
+
 TEST_F(CgroupExecutorTest, ReportsAnOomKill) {
   Executor& executor = Open(CgroupMode::kAuto);
   if (executor.cgroup_version() == CgroupVersion::kNone)
