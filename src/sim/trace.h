@@ -19,9 +19,9 @@ struct TraceJob {
 };
 
 struct Trace {
-  std::string source;  // file path (or several, joined by ", ")
-  std::vector<TraceJob> jobs;  // sorted by submit time, ties in file order
-  int64_t skipped = 0;         // invalid rows skipped under skip_invalid
+  std::string source;                      // file path (or several, joined by ", ")
+  std::vector<TraceJob> jobs;              // sorted by submit time, ties in file order
+  int64_t skipped = 0;                     // invalid rows skipped under skip_invalid
   std::vector<std::string> skip_examples;  // the first few skip messages, "file:line: why"
 };
 

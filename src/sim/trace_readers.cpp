@@ -419,11 +419,13 @@ void SortBySubmitTime(std::vector<TraceJob>& jobs) {
   if (std::is_sorted(jobs.begin(), jobs.end(), SubmitsEarlier)) return;
   std::vector<std::pair<TimeMs, size_t>> order;
   order.reserve(jobs.size());
-  for (size_t i = 0; i < jobs.size(); ++i) order.emplace_back(jobs[i].spec.submit_time, i);
+  for (size_t i = 0; i < jobs.size(); ++i)
+    order.emplace_back(jobs[i].spec.submit_time, i);
   std::sort(order.begin(), order.end());
   std::vector<TraceJob> sorted;
   sorted.reserve(jobs.size());
-  for (const auto& [time, index] : order) sorted.push_back(std::move(jobs[index]));
+  for (const auto& [time, index] : order)
+    sorted.push_back(std::move(jobs[index]));
   jobs = std::move(sorted);
 }
 
