@@ -64,13 +64,7 @@ class AgentDaemonTest : public ::testing::Test {
   // Shims are double-forked; as subreaper the test gets them back and reaps them.
   static void SetUpTestSuite() { ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); }
 
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    root_ = fs::temp_directory_path() /
-            ("gpufleet-agent-" + std::to_string(::getpid()) + "-" + info->name());
-    fs::remove_all(root_);
-    fs::create_directories(root_);
-  }
+  void SetUp() override { root_ = executor_testing::FreshTestDir("agent"); }
 
   void TearDown() override {
     if (core_) {

@@ -159,11 +159,7 @@ class ControlLoopTest : public ::testing::Test {
   static void SetUpTestSuite() { ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); }
 
   void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    root_ = fs::temp_directory_path() /
-            ("gpufleet-loop-" + std::to_string(::getpid()) + "-" + info->name());
-    fs::remove_all(root_);
-    fs::create_directories(root_);
+    root_ = executor_testing::FreshTestDir("loop");
     server_ = std::make_unique<FakeServer>();
   }
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,6 +17,17 @@
 #include "agent/executor_util.h"
 
 namespace gpufleet::agent::executor_testing {
+
+// An empty directory of the running test's own: <tmp>/gpufleet-<kind>-<pid>-<test name>.
+inline std::filesystem::path FreshTestDir(const std::string& kind) {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      ("gpufleet-" + kind + "-" + std::to_string(::getpid()) + "-" + info->name());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
 
 inline std::string ReadText(const std::filesystem::path& path) {
   std::ifstream file(path, std::ios::binary);

@@ -26,11 +26,7 @@ using executor_testing::ReadText;
 class RotatingLogFileTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("gpufleet-logs-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = executor_testing::FreshTestDir("logs");
     path_ = (dir_ / "out.log").string();
   }
   void TearDown() override { fs::remove_all(dir_); }
