@@ -111,6 +111,25 @@ std::string JoinIndices(const std::vector<int32_t>& indices) {
   return fmt::format("{}", fmt::join(indices, ","));
 }
 
+// The scheduler's view of a node as its agent reported it: GPUs in index order, a duplicate
+// index from a confused agent kept once, the rack defaulting to the node's name.
+Node SchedNodeOf(const std::string& name, const api::NodeReport& report) {
+  Node node;
+  node.name = name;
+  node.rack = report.rack.empty() ? name : report.rack;
+  node.spine = report.spine;
+  node.cpu_milli = report.cpu_milli;
+  node.memory_mib = report.memory_mib;
+  std::vector<api::GpuStatus> gpus = report.gpus;
+  std::sort(gpus.begin(), gpus.end(),
+            [](const auto& a, const auto& b) { return a.index < b.index; });
+  for (const api::GpuStatus& status : gpus)
+    if (node.gpus.empty() || node.gpus.back().index != status.index)
+      node.gpus.push_back(Gpu{status.uuid, status.model, status.memory_mib, status.index,
+                              status.nvlink_island, status.healthy});
+  return node;
+}
+
 std::string DescribePreemption(const sched::Preemption& preemption) {
   return fmt::format("{} (job {})", sched::DescribePreemption(preemption.reason),
                      preemption.for_job);
@@ -562,24 +581,11 @@ Server::Impl::Snapshot Server::Impl::SnapshotLocked(TimeMs now) const {
   std::vector<std::unordered_map<int32_t, int32_t>> gpu_position;  // per node: GPU index -> slot
   for (const auto& [name, entry] : nodes) {
     if (entry.record.state == NodeState::kLost) continue;
-    const api::NodeReport& report = entry.record.report;
-    Node node;
-    node.name = name;
-    node.rack = report.rack.empty() ? name : report.rack;
-    node.spine = report.spine;
-    node.cpu_milli = report.cpu_milli;
-    node.memory_mib = report.memory_mib;
+    Node node = SchedNodeOf(name, entry.record.report);
     node.schedulable = !entry.record.drained;
-    std::vector<api::GpuStatus> gpus = report.gpus;
-    std::sort(gpus.begin(), gpus.end(),
-              [](const auto& a, const auto& b) { return a.index < b.index; });
     std::unordered_map<int32_t, int32_t> slots;
-    for (const api::GpuStatus& status : gpus) {
-      if (slots.count(status.index)) continue;  // a duplicate index from a confused agent
-      slots[status.index] = static_cast<int32_t>(node.gpus.size());
-      node.gpus.push_back(Gpu{status.uuid, status.model, status.memory_mib, status.index,
-                              status.nvlink_island, status.healthy});
-    }
+    for (size_t slot = 0; slot < node.gpus.size(); ++slot)
+      slots[node.gpus[slot].index] = static_cast<int32_t>(slot);
     snapshot.any_ready = snapshot.any_ready || node.schedulable;
     position[name] = static_cast<int32_t>(snapshot.cluster.nodes.size());
     gpu_position.push_back(std::move(slots));
@@ -740,23 +746,10 @@ const Cluster* Server::Impl::FeasibilityClusterLocked() {
   if (feasibility_generation != generation) {
     feasibility_generation = generation;
     Cluster cluster;
-    for (const auto& [name, entry] : nodes) {
-      if (entry.record.state == NodeState::kLost) continue;
-      Node node;
-      node.name = name;
-      node.rack = entry.record.report.rack.empty() ? name : entry.record.report.rack;
-      node.spine = entry.record.report.spine;
-      node.cpu_milli = entry.record.report.cpu_milli;
-      node.memory_mib = entry.record.report.memory_mib;
-      std::vector<api::GpuStatus> gpus = entry.record.report.gpus;
-      std::sort(gpus.begin(), gpus.end(),
-                [](const auto& a, const auto& b) { return a.index < b.index; });
-      for (const api::GpuStatus& status : gpus)
-        if (node.gpus.empty() || node.gpus.back().index != status.index)
-          node.gpus.push_back(Gpu{status.uuid, status.model, status.memory_mib, status.index,
-                                  status.nvlink_island, status.healthy});
-      cluster.nodes.push_back(std::move(node));
-    }
+    // Drained nodes count: a job that fits only there can still run once they are undrained.
+    for (const auto& [name, entry] : nodes)
+      if (entry.record.state != NodeState::kLost)
+        cluster.nodes.push_back(SchedNodeOf(name, entry.record.report));
     feasibility_cluster.reset();
     if (!cluster.nodes.empty()) feasibility_cluster = std::move(cluster);
   }
