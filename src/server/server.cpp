@@ -360,6 +360,7 @@ Mutation Server::Impl::AuditLocked(const Caller& caller, std::string action, std
 }
 
 void Server::Impl::IndexJobLocked(const JobRecord& job) {
+  queue_names.insert(job.spec.queue);
   pending_jobs.erase(job.id);
   active_jobs.erase(job.id);
   if (job.state == JobState::kPending) {

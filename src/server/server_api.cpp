@@ -442,18 +442,21 @@ void ListQueues(Impl& s, const HttpRequest&, const Caller&, HttpResponder respon
     queue.gpu_milli_borrowing_limit = config.borrowing_limit_milli;
   }
   {
+    // Only the pending and active jobs are visited: `top` asks every two seconds, and the job
+    // history may hold hundreds of thousands.
     std::lock_guard lock(s.mu);
-    for (const auto& [id, job] : s.jobs) {
+    for (const std::string& name : s.queue_names)
+      queues[name].name = name;
+    for (const auto& [id, pending] : s.pending_jobs) {
+      api::QueueStatus& queue = queues[pending->spec.queue];
+      ++queue.pending;
+      queue.gpu_milli_pending += pending->spec.TotalGpuMilli();
+    }
+    for (JobId id : s.active_jobs) {
+      const JobRecord& job = s.jobs.at(id);
       api::QueueStatus& queue = queues[job.spec.queue];
-      queue.name = job.spec.queue;
-      const MilliGpu gpus = job.spec.gpu_milli_per_task * job.spec.tasks;
-      if (job.state == JobState::kPending) {
-        ++queue.pending;
-        queue.gpu_milli_pending += gpus;
-      } else if (s.active_jobs.count(id)) {
-        ++queue.running;
-        queue.gpu_milli_running += gpus;
-      }
+      ++queue.running;
+      queue.gpu_milli_running += job.spec.gpu_milli_per_task * job.spec.tasks;
     }
   }
   json list = json::array();

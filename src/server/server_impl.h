@@ -167,7 +167,8 @@ struct Server::Impl {
   std::map<JobId, api::JobRecord> jobs;
   // State pending, with what the scheduler needs of each (fixed while the job is pending).
   std::map<JobId, std::shared_ptr<const sched::PendingJob>> pending_jobs;
-  std::set<JobId> active_jobs;  // scheduled, starting or running
+  std::set<JobId> active_jobs;        // scheduled, starting or running
+  std::set<std::string> queue_names;  // every queue a job (even a finished one) has named
   std::map<std::string, NodeEntry> nodes;
   std::map<std::string, TokenEntry> tokens;                      // by id
   std::unordered_map<std::string, std::string> token_by_sha256;  // -> id
