@@ -706,14 +706,9 @@ class QuotaCycle {
   // EASY backfill's reservation, as in the plain cycle: over the whole cluster, for the first
   // job that the quota admits but the free GPUs cannot hold.
   Reservation Reserve(const JobSpec& head) const {
-    std::vector<std::pair<TimeMs, int64_t>> ends = new_ends_;
-    for (size_t i = 0; i < running_.size(); ++i) {
-      const RunningJob& job = running_[i];
-      if (!job.spec.runtime_estimate || taken_[i]) continue;
-      ends.emplace_back(std::max(now_, job.start_time + *job.spec.runtime_estimate),
-                        job.spec.TotalGpuMilli());
-    }
-    return ReserveFor(std::move(ends), allocator_.FreeGpuMilli(), head.TotalGpuMilli());
+    return ReserveForHead(
+        head, new_ends_, running_, [this](size_t i) { return taken_[i]; }, now_,
+        allocator_.FreeGpuMilli());
   }
 
   std::span<const RunningJob> running_;

@@ -3,11 +3,14 @@
 // Internal to src/sched: EASY backfill's reservation, shared by the plain and the quota cycle.
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <span>
 #include <utility>
 #include <vector>
 
 #include "sched/rank.h"
+#include "sched/types.h"
 
 namespace gpufleet::sched {
 
@@ -33,6 +36,21 @@ inline Reservation ReserveFor(std::vector<std::pair<TimeMs, int64_t>> ends, int6
   }
   reservation.spare_milli = std::max<int64_t>(0, free_milli - needed_milli);
   return reservation;
+}
+
+// EASY's reservation for `head`: the jobs started this cycle (`new_ends`) and the running jobs
+// with an estimate that are not preempted (`preempted(i)` for running[i]) end when estimated.
+template <typename Preempted>
+Reservation ReserveForHead(const JobSpec& head, std::vector<std::pair<TimeMs, int64_t>> new_ends,
+                           std::span<const RunningJob> running, Preempted preempted, TimeMs now,
+                           int64_t free_milli) {
+  for (size_t i = 0; i < running.size(); ++i) {
+    const RunningJob& job = running[i];
+    if (!job.spec.runtime_estimate || preempted(i)) continue;
+    new_ends.emplace_back(std::max(now, job.start_time + *job.spec.runtime_estimate),
+                          job.spec.TotalGpuMilli());
+  }
+  return ReserveFor(std::move(new_ends), free_milli, head.TotalGpuMilli());
 }
 
 }  // namespace gpufleet::sched

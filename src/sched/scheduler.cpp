@@ -403,16 +403,12 @@ class Cycle {
   // whole cluster: the shadow time is when enough running jobs will have ended (by their
   // estimates) for it. Jobs without an estimate are taken never to end.
   Reservation Reserve(const JobSpec& head) const {
-    std::vector<std::pair<TimeMs, int64_t>> ends = new_ends_;
     std::unordered_set<const RunningJob*> preempted;
     for (const Victim& victim : victims_)
       if (victim.taken) preempted.insert(victim.job);
-    for (const RunningJob& job : running_) {
-      if (!job.spec.runtime_estimate || preempted.count(&job) > 0) continue;
-      ends.emplace_back(std::max(now_, job.start_time + *job.spec.runtime_estimate),
-                        job.spec.TotalGpuMilli());
-    }
-    return ReserveFor(std::move(ends), allocator_.FreeGpuMilli(), head.TotalGpuMilli());
+    return ReserveForHead(
+        head, new_ends_, running_, [&](size_t i) { return preempted.count(&running_[i]) > 0; },
+        now_, allocator_.FreeGpuMilli());
   }
 
   std::span<const RunningJob> running_;
