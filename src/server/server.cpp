@@ -243,7 +243,10 @@ std::string Server::Impl::Load() {
 }
 
 std::string Server::Impl::Start() {
-  committer = std::make_unique<store::GroupCommitter>(*store);
+  // Memory runs ahead of the store: once a commit fails, nothing queued after it (a placement of
+  // the job whose submission failed, say) may become durable.
+  committer = std::make_unique<store::GroupCommitter>(
+      *store, store::GroupCommitter::AfterFailure::kFailAll);
   AddRoutes();
   scheduler_wake = true;  // a first cycle at once, for the jobs just loaded
   std::promise<void> running;

@@ -8,7 +8,8 @@
 
 namespace gpufleet::store {
 
-GroupCommitter::GroupCommitter(Store& store) : store_(store), writer_([this] { Run(); }) {}
+GroupCommitter::GroupCommitter(Store& store, AfterFailure after_failure)
+    : store_(store), after_failure_(after_failure), writer_([this] { Run(); }) {}
 
 GroupCommitter::~GroupCommitter() {
   {
@@ -77,10 +78,15 @@ void GroupCommitter::Run() {
       stats_.batches_queued = 0;
     }
     std::exception_ptr error;
-    try {
-      if (!mutations.empty()) store_.Commit(mutations);  // a group of empty batches is a no-op
-    } catch (...) {
-      error = std::current_exception();
+    if (first_error_ && after_failure_ == AfterFailure::kFailAll) {
+      error = first_error_;
+    } else {
+      try {
+        if (!mutations.empty()) store_.Commit(mutations);  // a group of empty batches is a no-op
+      } catch (...) {
+        error = std::current_exception();
+        if (!first_error_) first_error_ = error;
+      }
     }
     {
       std::lock_guard lock(mu_);

@@ -35,8 +35,16 @@ class GroupCommitter {
     uint64_t batches_queued = 0;  // waiting for the next group right now
   };
 
+  // What later batches meet once a group has failed.
+  enum class AfterFailure {
+    kContinue,  // they are committed as usual
+    // They fail with the first error, never reaching the store: for a caller whose memory runs
+    // ahead of the store (the server), where a later change may build on the lost one.
+    kFailAll,
+  };
+
   // `store` must outlive the committer. Starts the writer thread.
-  explicit GroupCommitter(Store& store);
+  explicit GroupCommitter(Store& store, AfterFailure after_failure = AfterFailure::kContinue);
   // Commits what is queued (callbacks included), then stops the writer thread.
   ~GroupCommitter();
   GroupCommitter(const GroupCommitter&) = delete;
@@ -59,6 +67,8 @@ class GroupCommitter {
   void Run();
 
   Store& store_;
+  const AfterFailure after_failure_;
+  std::exception_ptr first_error_;  // the writer thread's own
   mutable std::mutex mu_;
   std::condition_variable wake_;
   // The next group: the mutations of every batch queued since the writer took the last group,

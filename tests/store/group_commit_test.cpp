@@ -240,6 +240,26 @@ TEST(GroupCommit, AStoreErrorReachesEveryCallerOfTheGroupAndLaterGroupsWork) {
   EXPECT_EQ(stats.largest_group, 1u);
 }
 
+// The server's mode: once a group fails, every later batch fails with the same error and the
+// store never sees it, even once the store would accept it again.
+TEST(GroupCommit, FailAllKeepsEveryBatchAfterAFailureOutOfTheStore) {
+  ScratchDir scratch;
+  auto sqlite = OpenSqliteStore(scratch.path(), {.synchronous_full = false});
+  InstrumentedStore store(*sqlite);
+  GroupCommitter committer(store, GroupCommitter::AfterFailure::kFailAll);
+  committer.Commit({Mutation::Put("before", "1")});
+  EXPECT_THROW(committer.Commit({Mutation::Put("poison", "x")}), StoreError);
+  try {
+    committer.Commit({Mutation::Put("after", "1")});
+    ADD_FAILURE() << "a batch after the failure was accepted";
+  } catch (const StoreError& error) {
+    EXPECT_STREQ(error.what(), "poisoned batch (test)");
+  }
+  EXPECT_EQ(sqlite->Get("before"), "1");
+  EXPECT_FALSE(sqlite->Get("after"));
+  EXPECT_EQ(committer.stats().groups_failed, 2u);
+}
+
 TEST(GroupCommit, CallbacksRunInQueueOrderOnceTheirBatchIsDurable) {
   ScratchDir scratch;
   auto sqlite = OpenSqliteStore(scratch.path(), {.synchronous_full = false});
