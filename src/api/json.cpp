@@ -482,7 +482,10 @@ void to_json(json& out, const QueueStatus& value) {
              {"gpu_milli_running", value.gpu_milli_running},
              {"configured", value.configured},
              {"cohort", value.cohort},
-             {"gpu_milli_guaranteed", value.gpu_milli_guaranteed}};
+             {"gpu_milli_guaranteed", value.gpu_milli_guaranteed},
+             {"weight", value.weight},
+             {"fair_share_usage_gpu_hours", value.fair_share_usage_gpu_hours},
+             {"fair_share_factor", value.fair_share_factor}};
   if (value.gpu_milli_borrowing_limit)
     out["gpu_milli_borrowing_limit"] = *value.gpu_milli_borrowing_limit;
 }
@@ -496,6 +499,9 @@ void from_json(const json& in, QueueStatus& value) {
   Read(in, "cohort", value.cohort);
   Read(in, "gpu_milli_guaranteed", value.gpu_milli_guaranteed);
   ReadOptional(in, "gpu_milli_borrowing_limit", value.gpu_milli_borrowing_limit);
+  Read(in, "weight", value.weight);
+  Read(in, "fair_share_usage_gpu_hours", value.fair_share_usage_gpu_hours);
+  Read(in, "fair_share_factor", value.fair_share_factor);
 }
 
 void to_json(json& out, const TokenInfo& value) {

@@ -149,6 +149,11 @@ struct QueueStatus {
   std::string cohort;
   MilliGpu gpu_milli_guaranteed = 0;  // over all models (the sum, for per-model guarantees)
   std::optional<MilliGpu> gpu_milli_borrowing_limit;
+  // Fair share (docs/quotas.md): the queue's weight, its GPU-hours decayed by the half-life, and
+  // its factor 2^(-usage part / weight part), which orders queues under the fairshare policy.
+  double weight = 1.0;
+  double fair_share_usage_gpu_hours = 0;
+  double fair_share_factor = 1.0;
 };
 
 enum class Role { kAdmin, kUser, kAgent };

@@ -129,7 +129,11 @@ int RunQueues(const ClusterArgs& args, const Client& client) {
     columns.push_back({"GUARANTEED", 0, true});
     columns.push_back({"BORROW-LIMIT", 0, true});
     columns.push_back({"COHORT"});
+    columns.push_back({"WEIGHT", 0, true});
   }
+  // Decayed usage and the fair-share factor that orders queues under `--policy fairshare`.
+  columns.push_back({"USAGE-GPU-H", 0, true});
+  columns.push_back({"FAIR-SHARE", 0, true});
   Table table(columns);
   for (const api::QueueStatus& queue : *queues) {
     std::vector<std::string> cells = {
@@ -141,7 +145,10 @@ int RunQueues(const ClusterArgs& args, const Client& client) {
                           ? api::FormatGpus(*queue.gpu_milli_borrowing_limit)
                           : "-");
       cells.push_back(queue.cohort.empty() ? "-" : queue.cohort);
+      cells.push_back(fmt::format("{:g}", queue.weight));
     }
+    cells.push_back(fmt::format("{:.2f}", queue.fair_share_usage_gpu_hours));
+    cells.push_back(fmt::format("{:.3f}", queue.fair_share_factor));
     table.Add(cells);
   }
   fmt::print("{}", table.Render());

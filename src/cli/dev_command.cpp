@@ -92,9 +92,7 @@ CLI::App* AddDevCommand(CLI::App& app, DevArgs& args) {
   dev->add_flag(
       "--require-nvml", args.require_nvml,
       "Fail when NVML finds no GPU instead of simulating " + std::string(kDefaultSimGpus));
-  dev->add_option("--policy", args.policy, "Queue order: fifo, sjf, las")->capture_default_str();
-  dev->add_option("--queues", args.queues_file,
-                  "Team queues with guaranteed GPU quotas (YAML, docs/quotas.md)");
+  AddSchedulerOptions(*dev, args.scheduler);
   dev->add_option("--node-timeout", args.node_timeout,
                   "A node silent this long is lost and its jobs requeued")
       ->capture_default_str();
@@ -109,18 +107,9 @@ int RunDev(const DevArgs& args) {
     fmt::print(stderr, "error: {}\n", error);
     return kExitUsage;
   }
-  auto order = sched::ParseQueueOrder(args.policy);
-  if (!order) {
-    fmt::print(stderr, "error: --policy '{}': expected one of {}\n", args.policy,
-               fmt::join(sched::QueueOrderNames(), ", "));
-    return kExitUsage;
-  }
-  auto node_timeout = ParseDurationMs(args.node_timeout);
-  if (!node_timeout || *node_timeout <= 0) {
-    fmt::print(stderr, "error: --node-timeout '{}': expected a duration such as 30s\n",
-               args.node_timeout);
-    return kExitUsage;
-  }
+  auto scheduler = SchedulerConfigFrom(args.scheduler);
+  auto node_timeout = PositiveDuration("--node-timeout", args.node_timeout);
+  if (!scheduler || !node_timeout) return kExitUsage;
   if (args.require_nvml && !args.sim_gpus.empty()) {
     fmt::print(stderr, "error: --require-nvml and --sim-gpus contradict each other: pick one\n");
     return kExitUsage;
@@ -161,13 +150,7 @@ int RunDev(const DevArgs& args) {
   server_options.host = listen->host;
   server_options.port = listen->port;
   server_options.node_timeout_ms = *node_timeout;
-  server_options.scheduler.order = *order;
-  server_options.scheduler.backfill = sched::DefaultBackfill(*order);
-  if (!args.queues_file.empty()) {
-    auto queues = LoadServerQueues(args.queues_file);
-    if (!queues) return kExitUsage;
-    server_options.scheduler.queues = std::move(*queues);
-  }
+  server_options.scheduler = std::move(*scheduler);
   server_options.log = log_to("server");
   auto started = server::Server::Open(server_options);
   if (!started.server) {
@@ -244,6 +227,7 @@ int RunDev(const DevArgs& args) {
       "  API         {}/api/v1\n"
       "  metrics     {}/metrics (scheduler, API)  http://{}/metrics (GPUs, dcgm-exporter names)\n"
       "  GPUs        {}\n"
+      "  scheduler   {}\n"
       "  state       {} ({}), logs under {}\n"
       "  admin token {}  (saved in {}, which the CLI reads)\n"
       "\n"
@@ -253,9 +237,10 @@ int RunDev(const DevArgs& args) {
       "  {} logs -f 1\n"
       "  {} top\n"
       "Ctrl-C stops the cluster; its jobs and nodes are kept in {} for the next start.\n",
-      kVersion, server->url(), server->url(), agent_server->address(), gpus, dir.string(),
-      server->store_description(), (dir / "agent").string(), *admin_token, client_file.string(),
-      self, self, self, self, dir.string());
+      kVersion, server->url(), server->url(), agent_server->address(), gpus,
+      DescribeScheduler(server_options.scheduler), dir.string(), server->store_description(),
+      (dir / "agent").string(), *admin_token, client_file.string(), self, self, self, self,
+      dir.string());
   for (const std::string& note : core->startup_notes())
     fmt::print("  note: {}\n", note);
   std::fflush(stdout);

@@ -7,6 +7,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli/server_command.h"
+
 namespace gpufleet::cli {
 
 struct DevArgs {
@@ -15,9 +17,8 @@ struct DevArgs {
   std::string agent_listen = "127.0.0.1:0";
   std::string sim_gpus;       // empty: NVML, else simulated 8xH100-80GB (said at start)
   bool require_nvml = false;  // fail instead of simulating when NVML finds no GPU
-  std::string policy = "fifo";
+  SchedulerArgs scheduler;
   std::string node_timeout = "30s";
-  std::string queues_file;  // team queues and quotas (docs/quotas.md)
 };
 
 CLI::App* AddDevCommand(CLI::App& app, DevArgs& args);

@@ -23,16 +23,6 @@ namespace {
 constexpr int kExitFailure = 1;
 constexpr int kExitUsage = 2;
 
-std::optional<TimeMs> PositiveDuration(const std::string& flag, const std::string& text) {
-  auto ms = ParseDurationMs(text);
-  if (!ms || *ms <= 0) {
-    fmt::print(stderr, "error: {} '{}': expected a positive duration such as 30s or 500ms\n", flag,
-               text);
-    return std::nullopt;
-  }
-  return ms;
-}
-
 std::string FormatMs(TimeMs ms) {
   return ms % 1000 == 0 ? fmt::format("{}s", ms / 1000) : fmt::format("{}ms", ms);
 }
@@ -63,31 +53,9 @@ std::optional<server::ServerOptions> Options(const ServerArgs& args) {
   options.node_timeout_ms = *timeout;
   options.heartbeat_ms = *heartbeat;
   options.schedule_interval_ms = *interval;
-  auto order = sched::ParseQueueOrder(args.policy);
-  if (!order) {
-    fmt::print(stderr, "error: --policy '{}': expected one of {}\n", args.policy,
-               fmt::join(sched::QueueOrderNames(), ", "));
-    return std::nullopt;
-  }
-  options.scheduler.order = *order;
-  options.scheduler.backfill = sched::DefaultBackfill(*order);
-  if (!args.backfill.empty()) {
-    auto backfill = sched::ParseBackfill(args.backfill);
-    if (!backfill) {
-      fmt::print(stderr, "error: --backfill '{}': expected one of {}\n", args.backfill,
-                 fmt::join(sched::BackfillNames(), ", "));
-      return std::nullopt;
-    }
-    options.scheduler.backfill = *backfill;
-  }
-  auto placement = sched::ParsePlacementPolicy(args.placement);
-  if (!placement) {
-    fmt::print(stderr, "error: --placement '{}': expected one of {}\n", args.placement,
-               fmt::join(sched::PlacementPolicyNames(), ", "));
-    return std::nullopt;
-  }
-  options.scheduler.placement = *placement;
-  options.scheduler.preempt = args.preempt;
+  auto scheduler = SchedulerConfigFrom(args.scheduler);
+  if (!scheduler) return std::nullopt;
+  options.scheduler = std::move(*scheduler);
   if (args.tls_cert.empty() != args.tls_key.empty()) {
     fmt::print(stderr,
                "error: --tls-cert and --tls-key go together: give both for HTTPS, or "
@@ -104,11 +72,6 @@ std::optional<server::ServerOptions> Options(const ServerArgs& args) {
     return std::nullopt;
   }
   options.checkpoint_root = args.checkpoint_root;
-  if (!args.queues_file.empty()) {
-    auto queues = LoadServerQueues(args.queues_file);
-    if (!queues) return std::nullopt;
-    options.scheduler.queues = std::move(*queues);
-  }
   options.log = [](const std::string& line) {
     const std::time_t now = std::time(nullptr);
     char stamp[32];
@@ -190,6 +153,97 @@ std::string DescribeQueues(const std::vector<sched::QueueConfig>& queues) {
   return fmt::format("{}", fmt::join(parts, ", "));
 }
 
+std::optional<TimeMs> PositiveDuration(const std::string& flag, const std::string& text) {
+  auto ms = ParseDurationMs(text);
+  if (!ms || *ms <= 0) {
+    fmt::print(stderr, "error: {} '{}': expected a positive duration such as 30s or 500ms\n", flag,
+               text);
+    return std::nullopt;
+  }
+  return ms;
+}
+
+std::string DescribeScheduler(const sched::SchedulerConfig& config) {
+  std::string text = fmt::format("{} (backfill {}, placement {}", sched::Name(config.order),
+                                 sched::Name(config.backfill), sched::Name(config.placement));
+  if (config.preempt) text += ", preemption";
+  if (config.order == sched::QueueOrder::kFairShare) {
+    const int64_t half_life = config.fair_share_half_life_s;
+    text += half_life % 86400 == 0  ? fmt::format(", usage half-life {}d", half_life / 86400)
+            : half_life % 3600 == 0 ? fmt::format(", usage half-life {}h", half_life / 3600)
+                                    : fmt::format(", usage half-life {}s", half_life);
+  }
+  return text + ")";
+}
+
+void AddSchedulerOptions(CLI::App& command, SchedulerArgs& args) {
+  command
+      .add_option("--policy", args.policy,
+                  fmt::format("Queue order: {}", fmt::join(sched::QueueOrderNames(), ", ")))
+      ->capture_default_str();
+  command.add_option(
+      "--backfill", args.backfill,
+      fmt::format("Backfill: {} (default: the policy's)", fmt::join(sched::BackfillNames(), ", ")));
+  command
+      .add_option("--placement", args.placement,
+                  fmt::format("Placement: {}", fmt::join(sched::PlacementPolicyNames(), ", ")))
+      ->capture_default_str();
+  command.add_flag("--preempt", args.preempt,
+                   "Let pending jobs preempt lower-ranked running jobs (las always preempts)");
+  command
+      .add_option("--fair-share-half-life", args.fair_share_half_life,
+                  "fairshare: half-life of past GPU usage, such as 7d or 12h (Slurm's "
+                  "PriorityDecayHalfLife)")
+      ->capture_default_str();
+  command.add_option("--queues", args.queues_file,
+                     "Team queues with guaranteed GPU quotas, cohorts, borrowing limits and "
+                     "fair-share weights (YAML, docs/quotas.md); jobs must name one of them");
+}
+
+std::optional<sched::SchedulerConfig> SchedulerConfigFrom(const SchedulerArgs& args) {
+  sched::SchedulerConfig config;
+  auto order = sched::ParseQueueOrder(args.policy);
+  if (!order) {
+    fmt::print(stderr, "error: --policy '{}': expected one of {}\n", args.policy,
+               fmt::join(sched::QueueOrderNames(), ", "));
+    return std::nullopt;
+  }
+  config.order = *order;
+  config.backfill = sched::DefaultBackfill(*order);
+  if (!args.backfill.empty()) {
+    auto backfill = sched::ParseBackfill(args.backfill);
+    if (!backfill) {
+      fmt::print(stderr, "error: --backfill '{}': expected one of {}\n", args.backfill,
+                 fmt::join(sched::BackfillNames(), ", "));
+      return std::nullopt;
+    }
+    config.backfill = *backfill;
+  }
+  auto placement = sched::ParsePlacementPolicy(args.placement);
+  if (!placement) {
+    fmt::print(stderr, "error: --placement '{}': expected one of {}\n", args.placement,
+               fmt::join(sched::PlacementPolicyNames(), ", "));
+    return std::nullopt;
+  }
+  config.placement = *placement;
+  config.preempt = args.preempt;
+  auto half_life = ParseDurationMs(args.fair_share_half_life);
+  if (!half_life || *half_life < kMsPerSecond) {
+    fmt::print(stderr,
+               "error: --fair-share-half-life '{}': expected a duration of at least 1s, such as "
+               "7d or 12h\n",
+               args.fair_share_half_life);
+    return std::nullopt;
+  }
+  config.fair_share_half_life_s = *half_life / kMsPerSecond;
+  if (!args.queues_file.empty()) {
+    auto queues = LoadServerQueues(args.queues_file);
+    if (!queues) return std::nullopt;
+    config.queues = std::move(*queues);
+  }
+  return config;
+}
+
 CLI::App* AddServerCommand(CLI::App& app, ServerArgs& args) {
   CLI::App* command = app.add_subcommand(
       "server", "Run the control plane: the HTTP API, the scheduler and the state store");
@@ -207,25 +261,10 @@ CLI::App* AddServerCommand(CLI::App& app, ServerArgs& args) {
       ->add_option("--schedule-interval", args.schedule_interval,
                    "A scheduling cycle at least this often (and on every change)")
       ->capture_default_str();
-  command
-      ->add_option("--policy", args.policy,
-                   fmt::format("Queue order: {}", fmt::join(sched::QueueOrderNames(), ", ")))
-      ->capture_default_str();
-  command->add_option(
-      "--backfill", args.backfill,
-      fmt::format("Backfill: {} (default: the policy's)", fmt::join(sched::BackfillNames(), ", ")));
-  command
-      ->add_option("--placement", args.placement,
-                   fmt::format("Placement: {}", fmt::join(sched::PlacementPolicyNames(), ", ")))
-      ->capture_default_str();
-  command->add_flag("--preempt", args.preempt,
-                    "Let pending jobs preempt lower-ranked running jobs (las always preempts)");
+  AddSchedulerOptions(*command, args.scheduler);
   command->add_option("--tls-cert", args.tls_cert,
                       "Serve HTTPS with this PEM certificate (chain); needs --tls-key");
   command->add_option("--tls-key", args.tls_key, "The PEM private key of --tls-cert");
-  command->add_option("--queues", args.queues_file,
-                      "Team queues with guaranteed GPU quotas, cohorts and borrowing limits "
-                      "(YAML, docs/quotas.md); jobs must name one of them");
   command->add_option("--checkpoint-root", args.checkpoint_root,
                       "Shared storage every node mounts here: jobs checkpoint to "
                       "<root>/job-<id> (default: each agent's data dir)");
@@ -248,9 +287,7 @@ int RunServer(const ServerArgs& args) {
   std::unique_ptr<server::Server> server = std::move(opened.server);
   fmt::print("gpufleet server {}: listening on {}\n", kVersion, server->url());
   fmt::print("  store: {}\n", server->store_description());
-  fmt::print("  scheduler: {} (backfill {}, placement {}{}), node timeout {}, heartbeat {}\n",
-             sched::Name(scheduler.order), sched::Name(scheduler.backfill),
-             sched::Name(scheduler.placement), scheduler.preempt ? ", preemption" : "",
+  fmt::print("  scheduler: {}, node timeout {}, heartbeat {}\n", DescribeScheduler(scheduler),
              FormatMs(options->node_timeout_ms), FormatMs(options->heartbeat_ms));
   if (!scheduler.queues.empty()) fmt::print("  queues: {}\n", DescribeQueues(scheduler.queues));
   if (int status = EnsureAdminToken(*server, args.data_dir); status != 0) {

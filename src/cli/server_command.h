@@ -6,9 +6,29 @@
 
 #include <CLI/CLI.hpp>
 
+#include "core/types.h"
+#include "sched/policy.h"
 #include "sched/queues.h"
 
 namespace gpufleet::cli {
+
+// The scheduler's flags, shared by `gpufleet server` and `gpufleet dev`, as typed.
+struct SchedulerArgs {
+  std::string policy = "fifo";
+  std::string backfill;  // empty: the policy's default
+  std::string placement = "binpack";
+  bool preempt = false;
+  std::string fair_share_half_life = "7d";
+  std::string queues_file;  // team queues and quotas (docs/quotas.md); empty: queues by use
+};
+
+void AddSchedulerOptions(CLI::App& command, SchedulerArgs& args);
+// The configuration the flags ask for; nothing, after printing why, when one is invalid.
+std::optional<sched::SchedulerConfig> SchedulerConfigFrom(const SchedulerArgs& args);
+// "fairshare (backfill easy, placement binpack, usage half-life 7d)" for startup banners.
+std::string DescribeScheduler(const sched::SchedulerConfig& config);
+// A duration flag that must be above zero; nothing, after printing why, otherwise.
+std::optional<TimeMs> PositiveDuration(const std::string& flag, const std::string& text);
 
 // Flags of `gpufleet server`, as typed; RunServer validates them.
 struct ServerArgs {
@@ -17,14 +37,10 @@ struct ServerArgs {
   std::string node_timeout = "30s";
   std::string heartbeat = "5s";
   std::string schedule_interval = "1s";
-  std::string policy = "fifo";
-  std::string backfill;  // empty: the policy's default
-  std::string placement = "binpack";
-  bool preempt = false;
+  SchedulerArgs scheduler;
   std::string tls_cert;  // both or neither: HTTPS
   std::string tls_key;
   std::string checkpoint_root;
-  std::string queues_file;  // team queues and quotas (docs/quotas.md); empty: queues by use
 };
 
 CLI::App* AddServerCommand(CLI::App& app, ServerArgs& args);

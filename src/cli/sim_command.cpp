@@ -13,6 +13,7 @@
 #include <fmt/ranges.h>
 
 #include "core/cluster.h"
+#include "core/quantity.h"
 #include "sched/policy.h"
 #include "sim/queues.h"
 #include "sim/report.h"
@@ -115,6 +116,15 @@ struct RunPlan {
   sim::RunDescription description;
 };
 
+int64_t FairShareHalfLifeS(const std::string& text) {
+  const auto half_life = ParseDurationMs(text);
+  if (!half_life || *half_life < kMsPerSecond)
+    throw UsageError(fmt::format(
+        "--fair-share-half-life '{}': expected a duration of at least 1s, such as 7d or 12h",
+        text));
+  return *half_life / kMsPerSecond;
+}
+
 RunPlan PlanRun(const SimArgs& args, sched::QueueOrder order, const std::string& placement,
                 const sim::RunDescription& base, const std::vector<sim::QueueEntry>& queues) {
   RunPlan plan;
@@ -126,6 +136,7 @@ RunPlan PlanRun(const SimArgs& args, sched::QueueOrder order, const std::string&
   plan.config.placement = ParseChoice<sched::PlacementPolicy>(
       "placement policy", placement, sched::ParsePlacementPolicy, sched::PlacementPolicyNames());
   plan.config.preempt = args.preempt;
+  plan.config.fair_share_half_life_s = FairShareHalfLifeS(args.fair_share_half_life);
   if (!args.las_limits_gpu_s.empty()) plan.config.las_queue_limits_gpu_s = args.las_limits_gpu_s;
   for (const sim::QueueEntry& entry : queues)
     plan.config.queues.push_back(entry.config);
@@ -154,6 +165,7 @@ RunPlan PlanRun(const SimArgs& args, sched::QueueOrder order, const std::string&
   plan.description.las_queue_limits_gpu_s = plan.config.las_queue_limits_gpu_s;
   plan.description.restart_cost_s = args.restart_cost_s;
   plan.description.grace_period_s = args.grace_period_s;
+  plan.description.fair_share_half_life_s = plan.config.fair_share_half_life_s;
   return plan;
 }
 
@@ -370,6 +382,10 @@ CLI::App* AddSimCommand(CLI::App& app, SimArgs& args) {
   sim->add_option("--grace-period", args.grace_period_s,
                   "Seconds a preempted job keeps its GPUs to checkpoint: a job placed on them "
                   "starts that much later")
+      ->capture_default_str();
+  sim->add_option("--fair-share-half-life", args.fair_share_half_life,
+                  "fairshare: half-life of past GPU usage, such as 7d or 12h (Slurm's "
+                  "PriorityDecayHalfLife)")
       ->capture_default_str();
   sim->add_option("--estimates", args.estimates,
                   "Runtime estimates: none, oracle (default: oracle for sjf and easy backfill)");

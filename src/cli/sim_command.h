@@ -31,7 +31,8 @@ struct SimArgs {
   std::string queue_by = "vc";            // vc | user | round-robin
   double restart_cost_s = 30;
   double grace_period_s = 0;
-  std::string estimates;  // empty: oracle for sjf and EASY backfill, else none
+  std::string fair_share_half_life = "7d";  // fairshare: how fast usage is forgotten
+  std::string estimates;                    // empty: oracle for sjf and EASY backfill, else none
   std::string mode = "replay";
   std::optional<double> load;  // empty: arrival times as recorded
   bool skip_invalid = false;

@@ -80,6 +80,8 @@ std::optional<TimeMs> ParseDurationMs(std::string_view text) {
     ms = value * 60'000;
   else if (unit == "h")
     ms = value * 3'600'000;
+  else if (unit == "d")
+    ms = value * 86'400'000;
   else
     return std::nullopt;
   if (ms > 1e15) return std::nullopt;

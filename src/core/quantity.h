@@ -14,7 +14,7 @@ namespace gpufleet {
 std::optional<MiB> ParseMemoryMib(std::string_view text);
 // "0.5" (cores), "500m", "2"; nothing when malformed.
 std::optional<MilliCpu> ParseCpuMilli(std::string_view text);
-// "30s", "500ms", "2m", "1h", "1.5s", "10" (seconds); nothing when malformed.
+// "30s", "500ms", "2m", "1h", "7d", "1.5s", "10" (seconds); nothing when malformed.
 std::optional<TimeMs> ParseDurationMs(std::string_view text);
 // "0.5", "1", "8": GPUs per task in milli-GPUs; nothing when malformed or not a multiple of
 // 1/1000.

@@ -29,10 +29,11 @@ std::vector<std::string> NamesIn(const std::array<std::pair<Enum, const char*>, 
   return names;
 }
 
-constexpr std::array<std::pair<QueueOrder, const char*>, 3> kQueueOrders{{
+constexpr std::array<std::pair<QueueOrder, const char*>, 4> kQueueOrders{{
     {QueueOrder::kFifo, "fifo"},
     {QueueOrder::kSjf, "sjf"},
     {QueueOrder::kLas, "las"},
+    {QueueOrder::kFairShare, "fairshare"},
 }};
 constexpr std::array<std::pair<Backfill, const char*>, 3> kBackfills{{
     {Backfill::kNone, "none"},
@@ -75,7 +76,16 @@ std::vector<std::string> PlacementPolicyNames() {
 }
 
 Backfill DefaultBackfill(QueueOrder order) {
-  return order == QueueOrder::kFifo ? Backfill::kNone : Backfill::kFirstFit;
+  switch (order) {
+    case QueueOrder::kFifo:
+      return Backfill::kNone;
+    case QueueOrder::kFairShare:
+      return Backfill::kEasy;
+    case QueueOrder::kSjf:
+    case QueueOrder::kLas:
+      break;
+  }
+  return Backfill::kFirstFit;
 }
 
 }  // namespace gpufleet::sched

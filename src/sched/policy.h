@@ -1,5 +1,7 @@
 #pragma once
 
+#include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -15,6 +17,9 @@ enum class QueueOrder {
   kFifo,  // priority, then submit time
   kSjf,   // priority, then shortest runtime estimate (jobs without one go last)
   kLas,   // Tiresias 2D-LAS: discretised attained GPU-service queues, preemptive
+  // Slurm-style weighted fair share: priority, then the job's queue's fair-share factor (highest
+  // first, SchedulerConfig::fair_share_factor), then submit time.
+  kFairShare,
 };
 
 // What to do when the job at the head of the order does not fit.
@@ -45,6 +50,13 @@ struct SchedulerConfig {
   // Team queues with guaranteed GPU quotas (docs/quotas.md). Empty: no quota logic at all, and
   // jobs' queue names are ignored.
   std::vector<QueueConfig> queues;
+  // Fair share (kFairShare): how fast past usage is forgotten; Slurm's PriorityDecayHalfLife
+  // defaults to 7 days.
+  int64_t fair_share_half_life_s = 7 * 24 * 3600;
+  // Fair share: each queue's factor in (0, 1] as FairShareFactors (sched/fair_share.h) computes
+  // it from decayed usage. The only part of the config that changes over time: the caller
+  // refreshes it before each cycle. A queue not listed has used nothing (factor 1).
+  std::map<std::string, double, std::less<>> fair_share_factor;
 };
 
 std::optional<QueueOrder> ParseQueueOrder(std::string_view name);
@@ -59,7 +71,8 @@ std::vector<std::string> BackfillNames();
 std::vector<std::string> PlacementPolicyNames();
 
 // The backfill mode a queue order uses when none is asked for: strict FIFO stays strict, SJF and
-// LAS skip jobs that do not fit (as in the Tiresias paper).
+// LAS skip jobs that do not fit (as in the Tiresias paper), fair share backfills behind a
+// reservation (as Slurm's sched/backfill).
 Backfill DefaultBackfill(QueueOrder order);
 
 }  // namespace gpufleet::sched

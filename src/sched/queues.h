@@ -21,7 +21,8 @@ struct QueueConfig {
   // How far above its guarantee the queue may go on borrowed quota; nothing: as far as the
   // cohort's unused guarantee allows.
   std::optional<int64_t> borrowing_limit_milli;
-  // For the weighted fair-share policy to come; parsed and kept, not used by admission.
+  // Its part of the cluster under the fairshare policy (sched/fair_share.h), against the other
+  // queues' weights; admission and quotas do not use it.
   double weight = 1.0;
 
   bool PerModel() const { return !guaranteed_milli_by_model.empty(); }

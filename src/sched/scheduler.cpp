@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <limits>
 #include <memory>
 #include <tuple>
@@ -48,6 +49,14 @@ Rank RankOf(const JobSpec& spec, int64_t attained_gpu_ms, TimeMs waiting_since, 
       }
       rank.cls.second = queue;
       rank.tiebreak1 = spec.submit_time;
+      break;
+    }
+    case QueueOrder::kFairShare: {
+      // Fair share orders but never preempts by itself: the factor is not part of the class.
+      const auto factor = config.fair_share_factor.find(spec.queue);
+      const double value = factor == config.fair_share_factor.end() ? 1.0 : factor->second;
+      rank.tiebreak1 = -std::llround(value * 1e12);
+      rank.tiebreak2 = spec.submit_time;
       break;
     }
   }

@@ -225,6 +225,18 @@ Service ServiceOf(const JobRecord& job, TimeMs now) {
   return service;
 }
 
+std::vector<std::pair<TimeMs, TimeMs>> EndedHeldSpans(const JobRecord& job) {
+  std::vector<std::pair<TimeMs, TimeMs>> spans;
+  ForEachHeldSpan(job, 0, [&](TimeMs start, TimeMs end, SpanEnd how) {
+    if (how != SpanEnd::kOngoing) spans.emplace_back(start, end);
+  });
+  return spans;
+}
+
+int64_t SpanGpuMs(const JobRecord& job, TimeMs start, TimeMs end) {
+  return (end - start) * GpuMilliOf(job) / kMilliPerGpu;
+}
+
 int64_t GpuMsBetween(const JobRecord& job, TimeMs from, TimeMs to, TimeMs now) {
   const int64_t gpu_milli = GpuMilliOf(job);
   int64_t gpu_ms = 0;

@@ -7,6 +7,7 @@
 
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "api/types.h"
@@ -63,6 +64,12 @@ struct Service {
   int32_t preemptions = 0;      // requeues
 };
 Service ServiceOf(const api::JobRecord& job, TimeMs now);
+
+// The spans the job held GPUs that have ended (requeued or finished), oldest first: [start, end).
+std::vector<std::pair<TimeMs, TimeMs>> EndedHeldSpans(const api::JobRecord& job);
+
+// GPU-milliseconds of one span of the job: how GpuMsBetween counts it.
+int64_t SpanGpuMs(const api::JobRecord& job, TimeMs start, TimeMs end);
 
 // GPU-milliseconds the job held (scheduled, starting or running, GPUs x time) within
 // [from, to), counting an attempt still active as held until `now`.

@@ -364,6 +364,15 @@ Mutation Server::Impl::AuditLocked(const Caller& caller, std::string action, std
 
 void Server::Impl::IndexJobLocked(const JobRecord& job) {
   queue_names.insert(job.spec.queue);
+  const std::vector<std::pair<TimeMs, TimeMs>> ended = EndedHeldSpans(job);
+  size_t& counted = ended_spans_counted[job.id];
+  const double gpus =
+      static_cast<double>(job.spec.gpu_milli_per_task) * job.spec.tasks / kMilliPerGpu;
+  for (; counted < ended.size(); ++counted) {
+    const auto [start, end] = ended[counted];
+    fair_share.AddSpan(job.spec.queue, gpus, start, end);
+    ended_gpu_ms_by_team[job.team] += SpanGpuMs(job, start, end);
+  }
   pending_jobs.erase(job.id);
   active_jobs.erase(job.id);
   if (job.state == JobState::kPending) {
@@ -373,6 +382,20 @@ void Server::Impl::IndexJobLocked(const JobRecord& job) {
                                                        service.last_run_end, service.preemptions}));
   } else if (IsActive(job.state))
     active_jobs.insert(job.id);
+}
+
+std::map<std::string, double, std::less<>> Server::Impl::FairShareUsageLocked(TimeMs now) const {
+  std::vector<sched::OpenSpan> open;
+  open.reserve(active_jobs.size());
+  for (JobId id : active_jobs) {
+    const JobRecord& job = jobs.at(id);
+    const TimeMs start = ServiceOf(job, now).run_start;
+    open.push_back(
+        {.queue = job.spec.queue,
+         .gpus = static_cast<double>(job.spec.gpu_milli_per_task) * job.spec.tasks / kMilliPerGpu,
+         .start = start});
+  }
+  return fair_share.UsageAt(now, open);
 }
 
 void Server::Impl::BumpLocked(const std::string& node) {
@@ -625,6 +648,8 @@ Server::Impl::Snapshot Server::Impl::SnapshotLocked(TimeMs now) const {
                                                  service.run_start, service.attained_gpu_ms});
   }
   if (!snapshot.any_ready) return snapshot;  // nothing can be placed: the queue is not needed
+  if (options.scheduler.order == sched::QueueOrder::kFairShare)
+    snapshot.fair_share_usage = FairShareUsageLocked(now);
   snapshot.pending.reserve(pending_jobs.size());
   for (const auto& [id, pending] : pending_jobs)
     snapshot.pending.push_back(pending);
@@ -657,9 +682,17 @@ std::chrono::steady_clock::duration Server::Impl::RunCycle() {
       pending.reserve(snapshot.pending.size());
       for (const auto& job : snapshot.pending)
         pending.push_back(job.get());
+      // Fair share: the only part of the configuration that changes from cycle to cycle.
+      std::optional<sched::SchedulerConfig> fair_share_config;
+      if (options.scheduler.order == sched::QueueOrder::kFairShare) {
+        fair_share_config = options.scheduler;
+        fair_share_config->fair_share_factor =
+            sched::FairShareFactors(snapshot.fair_share_usage, options.scheduler.queues);
+      }
       try {
-        decisions = sched::Schedule(snapshot.cluster, snapshot.running, pending, now,
-                                    options.scheduler, cycle);
+        decisions =
+            sched::Schedule(snapshot.cluster, snapshot.running, pending, now,
+                            fair_share_config ? *fair_share_config : options.scheduler, cycle);
         decided = true;
         if (cycle.explain_all_waiting) last_explained = cycle_start;
       } catch (const std::exception& error) {

@@ -440,6 +440,7 @@ void ListQueues(Impl& s, const HttpRequest&, const Caller&, HttpResponder respon
         queue.gpu_milli_guaranteed += milli;
     }
     queue.gpu_milli_borrowing_limit = config.borrowing_limit_milli;
+    queue.weight = config.weight;
   }
   {
     // Only the pending and active jobs are visited: `top` asks every two seconds, and the job
@@ -457,6 +458,14 @@ void ListQueues(Impl& s, const HttpRequest&, const Caller&, HttpResponder respon
       api::QueueStatus& queue = queues[job.spec.queue];
       ++queue.running;
       queue.gpu_milli_running += job.spec.gpu_milli_per_task * job.spec.tasks;
+    }
+    const auto usage = s.FairShareUsageLocked(WallMs());
+    const auto factors = sched::FairShareFactors(usage, s.options.scheduler.queues);
+    for (auto& [name, queue] : queues) {
+      if (auto used = usage.find(name); used != usage.end())
+        queue.fair_share_usage_gpu_hours = used->second / 3600.0;
+      if (auto factor = factors.find(name); factor != factors.end())
+        queue.fair_share_factor = factor->second;
     }
   }
   json list = json::array();
@@ -725,9 +734,14 @@ HttpResponse Metrics(Impl& s) {
   {
     std::lock_guard lock(s.mu);
     const TimeMs now = WallMs();
-    for (const auto& [id, job] : s.jobs) {
+    for (const auto& [id, job] : s.jobs)
       ++jobs_by[{job.spec.queue, std::string(api::JobStateName(job.state))}];
-      gpu_ms_by_team[job.team] += GpuMsBetween(job, 0, kNoEnd, now);
+    // Ended spans are kept counted; only the running jobs' current spans are added up here.
+    gpu_ms_by_team = s.ended_gpu_ms_by_team;
+    for (JobId id : s.active_jobs) {
+      const JobRecord& job = s.jobs.at(id);
+      const TimeMs start = ServiceOf(job, now).run_start;
+      gpu_ms_by_team[job.team] += SpanGpuMs(job, start, std::max(start, now));
     }
     for (const auto& [name, entry] : s.nodes) {
       ++nodes_by[std::string(api::NodeStateName(entry.record.state))];

@@ -22,6 +22,7 @@
 #include "core/cluster.h"
 #include "net/http.h"
 #include "net/http_server.h"
+#include "sched/fair_share.h"
 #include "sched/types.h"
 #include "server/metrics.h"
 #include "server/server.h"
@@ -92,6 +93,8 @@ struct Server::Impl {
     std::vector<std::shared_ptr<const sched::PendingJob>> pending;
     bool any_ready = false;
     uint64_t generation = 0;
+    // Fair share only: each queue's decayed GPU-seconds at the snapshot's time.
+    std::map<std::string, double, std::less<>> fair_share_usage;
   };
   using CommitDone = std::function<void(const std::string& error)>;  // empty: durable
 
@@ -118,6 +121,8 @@ struct Server::Impl {
   store::Mutation AuditLocked(const Caller& caller, std::string action, std::string target,
                               std::string detail, TimeMs now);
   void IndexJobLocked(const api::JobRecord& job);  // after any state change
+  // Each queue's decayed GPU-seconds at `now`, running jobs included.
+  std::map<std::string, double, std::less<>> FairShareUsageLocked(TimeMs now) const;
   // Gives the node a new desired version (its parked syncs are answered by the caller's commit).
   void BumpLocked(const std::string& node);
   // Nodes that run tasks of `job`.
@@ -169,6 +174,12 @@ struct Server::Impl {
   std::map<JobId, std::shared_ptr<const sched::PendingJob>> pending_jobs;
   std::set<JobId> active_jobs;        // scheduled, starting or running
   std::set<std::string> queue_names;  // every queue a job (even a finished one) has named
+  // The spans jobs held GPUs that have ended, each counted once by IndexJobLocked: the fair-share
+  // ledger and the teams' GPU-time for /metrics grow with them instead of re-reading every job's
+  // history on each cycle or scrape.
+  sched::FairShareLedger fair_share{options.scheduler.fair_share_half_life_s};
+  std::unordered_map<JobId, size_t> ended_spans_counted;
+  std::map<std::string, int64_t> ended_gpu_ms_by_team;
   std::map<std::string, NodeEntry> nodes;
   std::map<std::string, TokenEntry> tokens;                      // by id
   std::unordered_map<std::string, std::string> token_by_sha256;  // -> id

@@ -52,6 +52,9 @@ std::string PolicyLine(const RunDescription& run) {
   }
   line += fmt::format(", estimates {}, restart cost {:g} s", run.estimates, run.restart_cost_s);
   if (run.grace_period_s > 0) line += fmt::format(", grace period {:g} s", run.grace_period_s);
+  if (run.policy == "fairshare")
+    line += fmt::format(", usage half-life {}",
+                        FormatDuration(static_cast<double>(run.fair_share_half_life_s)));
   return line;
 }
 
@@ -222,6 +225,25 @@ double JainIndex(std::span<const double> values) {
 
 namespace {
 
+// Columns padded to their widest cell: the first left-aligned, the others right-aligned.
+std::string RenderTable(const std::vector<std::vector<std::string>>& table) {
+  std::vector<size_t> widths(table.front().size(), 0);
+  for (const auto& row : table)
+    for (size_t c = 0; c < row.size(); ++c)
+      widths[c] = std::max(widths[c], row[c].size());
+  std::string out;
+  for (const auto& row : table) {
+    std::string line;
+    for (size_t c = 0; c < row.size(); ++c) {
+      if (c > 0) line += "  ";
+      line += c == 0 ? fmt::format("{:<{}}", row[c], widths[c])
+                     : fmt::format("{:>{}}", row[c], widths[c]);
+    }
+    out += line + '\n';
+  }
+  return out;
+}
+
 void AddQueueReports(const SimResult& result, SimReport& report) {
   const size_t n = result.queue_names.size();
   if (n == 0) return;
@@ -254,6 +276,48 @@ void AddQueueReports(const SimResult& result, SimReport& report) {
     shares.push_back(queue.gpu_share);
   }
   report.queue_fairness = JainIndex(shares);
+  report.queue_window_s = Seconds(result.queue_bucket_ms);
+  for (size_t w = 0; w < result.queue_bucket_gpu_milli_ms.size(); ++w) {
+    // The last window is cut short by the run's end: average over the time it covers.
+    const TimeMs start = result.first_submit + static_cast<TimeMs>(w) * result.queue_bucket_ms;
+    const TimeMs covered =
+        std::min(result.queue_bucket_ms, std::max<TimeMs>(0, result.last_finish - start));
+    const double covered_milli_ms = static_cast<double>(covered) * kMilliPerGpu;
+    std::vector<double>& gpus = report.queue_gpus.emplace_back();
+    for (double milli_ms : result.queue_bucket_gpu_milli_ms[w])
+      gpus.push_back(covered_milli_ms > 0 ? milli_ms / covered_milli_ms : 0);
+  }
+}
+
+// The queues' share of the usable GPUs over time, in at most `max_rows` windows (neighbouring
+// windows averaged), as a text table: one row per window, one column per queue.
+std::string FormatQueueShares(const SimReport& report, size_t max_rows) {
+  const size_t windows = report.queue_gpus.size();
+  if (windows == 0 || report.usable_gpus <= 0) return "";
+  const size_t per_row = (windows + max_rows - 1) / max_rows;
+  std::vector<std::vector<std::string>> table;
+  std::vector<std::string> header = {"from"};
+  for (const QueueReport& q : report.queues)
+    header.push_back(q.name);
+  header.push_back("idle");
+  table.push_back(std::move(header));
+  for (size_t first = 0; first < windows; first += per_row) {
+    const size_t last = std::min(windows, first + per_row);
+    std::vector<std::string> row = {
+        FormatDuration(report.queue_window_s * static_cast<double>(first))};
+    double held = 0;
+    for (size_t q = 0; q < report.queues.size(); ++q) {
+      double gpus = 0;
+      for (size_t w = first; w < last; ++w)
+        gpus += report.queue_gpus[w][q];
+      gpus /= static_cast<double>(last - first);
+      held += gpus;
+      row.push_back(Percent(gpus / static_cast<double>(report.usable_gpus)));
+    }
+    row.push_back(Percent(std::max(0.0, 1.0 - held / static_cast<double>(report.usable_gpus))));
+    table.push_back(std::move(row));
+  }
+  return "GPUs held by each queue over time (share of the usable GPUs):\n" + RenderTable(table);
 }
 
 }  // namespace
@@ -367,19 +431,8 @@ std::string FormatReport(const SimReport& report) {
     table.push_back({q.name, GroupThousands(q.jobs), GroupThousands(q.completed),
                      FormatDuration(q.jct_mean_s), FormatDuration(q.queueing_mean_s),
                      GroupThousands(q.preemptions), Percent(q.gpu_share)});
-  std::vector<size_t> widths(table.front().size(), 0);
-  for (const auto& row : table)
-    for (size_t c = 0; c < row.size(); ++c)
-      widths[c] = std::max(widths[c], row[c].size());
-  for (const auto& row : table) {
-    std::string line;
-    for (size_t c = 0; c < row.size(); ++c) {
-      if (c > 0) line += "  ";
-      line += c == 0 ? fmt::format("{:<{}}", row[c], widths[c])
-                     : fmt::format("{:>{}}", row[c], widths[c]);
-    }
-    out += line + '\n';
-  }
+  out += RenderTable(table);
+  if (!report.queue_gpus.empty()) out += '\n' + FormatQueueShares(report, 8);
   return out;
 }
 
@@ -469,6 +522,8 @@ nlohmann::json ToJson(const SimReport& report) {
                     {"las_queue_limits_gpu_s", run.las_queue_limits_gpu_s},
                     {"restart_cost_s", run.restart_cost_s},
                     {"grace_period_s", run.grace_period_s}};
+  if (run.policy == "fairshare")
+    json["policy"]["fair_share_half_life_s"] = run.fair_share_half_life_s;
   if (run.target_load) {
     json["load"] = {{"offered", run.offered_load.value_or(0)},
                     {"target", *run.target_load},
@@ -519,10 +574,20 @@ nlohmann::json ToJson(const SimReport& report) {
                         {"queueing_delay_mean_s", q.queueing_mean_s},
                         {"preemptions", q.preemptions},
                         {"gpu_share", q.gpu_share}});
-    json["queues"] = {{"file", report.run.queues_file},
-                      {"queue_by", report.run.queue_by},
-                      {"jain_fairness", report.queue_fairness},
-                      {"per_queue", queues}};
+    nlohmann::json gpus_over_time = nlohmann::json::object();
+    for (size_t q = 0; q < report.queues.size(); ++q) {
+      nlohmann::json series = nlohmann::json::array();
+      for (const std::vector<double>& window : report.queue_gpus)
+        series.push_back(window[q]);
+      gpus_over_time[report.queues[q].name] = std::move(series);
+    }
+    json["queues"] = {
+        {"file", report.run.queues_file},
+        {"queue_by", report.run.queue_by},
+        {"jain_fairness", report.queue_fairness},
+        {"per_queue", queues},
+        {"gpus_over_time",
+         {{"window_s", report.queue_window_s}, {"mean_gpus", std::move(gpus_over_time)}}}};
   }
   std::vector<double> times;
   std::vector<double> queue;

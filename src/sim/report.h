@@ -29,6 +29,7 @@ struct RunDescription {
   std::vector<int64_t> las_queue_limits_gpu_s;
   double restart_cost_s = 0;
   double grace_period_s = 0;
+  int64_t fair_share_half_life_s = 0;  // fairshare only
   // Load scaling (--load): the offered load as recorded, the one asked for, and the factor the
   // inter-arrival times were multiplied by. Empty when the trace's own arrival times were used.
   std::optional<double> offered_load;
@@ -76,6 +77,10 @@ struct SimReport {
   // Team queues, in configuration order, and Jain's index over their GPU shares; empty without.
   std::vector<QueueReport> queues;
   double queue_fairness = 0;
+  // Each queue's GPUs over time: per window of queue_window_s from the first submit, the average
+  // GPUs each queue held (queue_gpus[window][queue], queues as above).
+  double queue_window_s = 0;
+  std::vector<std::vector<double>> queue_gpus;
 
   // Fill mode.
   FillResult fill;

@@ -4,7 +4,9 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <optional>
 #include <queue>
+#include <set>
 #include <span>
 #include <string_view>
 #include <tuple>
@@ -13,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "sched/allocator.h"
+#include "sched/fair_share.h"
 #include "sched/scheduler.h"
 
 namespace gpufleet::sim {
@@ -55,7 +58,12 @@ class Replay {
     queue_.reserve(std::min<size_t>(n, size_t{1} << 16));
     // Only LAS with a starvation factor reorders jobs while they wait; otherwise the queue is
     // kept in the scheduler's order and the cycle need not sort it.
+    // Fair share reorders queues as their usage decays and grows.
+    // Only LAS with a starvation factor reorders jobs while they wait for good; fair share
+    // reorders queues as their usage changes, and the queue is re-sorted when it does.
     keep_sorted_ = !(config_.order == sched::QueueOrder::kLas && config_.las_starvation_factor > 0);
+    if (config_.order == sched::QueueOrder::kFairShare)
+      fair_share_.emplace(config_.fair_share_half_life_s);
     // Team queues: each job's queue, for the per-queue report. A job of a queue not configured
     // is an error here (the scheduler would keep it waiting forever).
     std::unordered_map<std::string_view, int32_t> queue_index;
@@ -63,13 +71,27 @@ class Replay {
       queue_index.emplace(queue.name, static_cast<int32_t>(result_.queue_names.size()));
       result_.queue_names.push_back(queue.name);
     }
+    // Fair share without configured queues shares between the queues the jobs name: report
+    // those, in name order.
+    const bool queues_from_trace =
+        config_.queues.empty() && config_.order == sched::QueueOrder::kFairShare;
+    if (queues_from_trace) {
+      std::set<std::string_view> names;
+      for (const TraceJob& job : trace_.jobs)
+        names.insert(job.spec.queue);
+      for (std::string_view name : names) {
+        queue_index.emplace(name, static_cast<int32_t>(result_.queue_names.size()));
+        result_.queue_names.emplace_back(name);
+      }
+    }
+    result_.queue_bucket_ms = kFirstQueueBucketMs;
     result_.queue_gpu_milli_ms.assign(result_.queue_names.size(), 0.0);
     reclaim_possible_ = std::any_of(config_.queues.begin(), config_.queues.end(),
                                     [](const sched::QueueConfig& q) { return !q.cohort.empty(); });
     queue_allocated_milli_.assign(result_.queue_names.size(), 0);
     for (size_t i = 0; i < n; ++i) {
       const TraceJob& job = trace_.jobs[i];
-      if (!config_.queues.empty()) {
+      if (!queue_index.empty()) {
         auto it = queue_index.find(job.spec.queue);
         if (it == queue_index.end())
           throw SimError(fmt::format("{}:{}: job names queue '{}', which is not configured",
@@ -172,7 +194,40 @@ class Replay {
     for (size_t q = 0; q < queue_allocated_milli_.size(); ++q)
       result_.queue_gpu_milli_ms[q] +=
           static_cast<double>(queue_allocated_milli_[q]) * static_cast<double>(now - last_time_);
+    if (!queue_allocated_milli_.empty()) AddToQueueBuckets(last_time_, now);
     last_time_ = now;
+  }
+
+  // Spreads the queues' allocations over [from, to) on the time buckets, doubling the bucket
+  // width (merging neighbours) when `to` lies beyond the last bucket there may be.
+  void AddToQueueBuckets(TimeMs from, TimeMs to) {
+    auto& buckets = result_.queue_bucket_gpu_milli_ms;
+    const TimeMs origin = result_.first_submit;
+    while ((to - 1 - origin) / result_.queue_bucket_ms >= static_cast<TimeMs>(kMaxBuckets)) {
+      for (size_t b = 0; b < buckets.size(); ++b) {
+        std::vector<double>& merged = buckets[b / 2];
+        if (b % 2 == 0) {
+          if (b > 0) merged = std::move(buckets[b]);
+        } else {
+          for (size_t q = 0; q < merged.size(); ++q)
+            merged[q] += buckets[b][q];
+        }
+      }
+      buckets.resize((buckets.size() + 1) / 2);
+      result_.queue_bucket_ms *= 2;
+    }
+    const TimeMs width = result_.queue_bucket_ms;
+    for (TimeMs at = from; at < to;) {
+      const auto bucket = static_cast<size_t>((at - origin) / width);
+      const TimeMs bucket_end = origin + static_cast<TimeMs>(bucket + 1) * width;
+      const TimeMs until = std::min(to, bucket_end);
+      if (buckets.size() <= bucket)
+        buckets.resize(bucket + 1, std::vector<double>(queue_allocated_milli_.size(), 0.0));
+      for (size_t q = 0; q < queue_allocated_milli_.size(); ++q)
+        buckets[bucket][q] +=
+            static_cast<double>(queue_allocated_milli_[q]) * static_cast<double>(until - at);
+      at = until;
+    }
   }
 
   void Arrive(size_t index, TimeMs now) {
@@ -188,7 +243,7 @@ class Replay {
     JobState& state = jobs_[index];
     const sched::RunningJob& running = running_[static_cast<size_t>(state.slot)];
     capacity_.Release(running.spec, running.allocation);
-    RemoveRunning(index);
+    RemoveRunning(index, now);
     allocated_milli_ -= state.milli;
     AddQueueMilli(index, -state.milli);
     state.milli = 0;
@@ -203,8 +258,14 @@ class Replay {
     if (q >= 0) queue_allocated_milli_[static_cast<size_t>(q)] += milli;
   }
 
-  void RemoveRunning(size_t index) {
+  // `now`: when the job stopped holding its GPUs.
+  void RemoveRunning(size_t index, TimeMs now) {
     const int32_t slot = jobs_[index].slot;
+    if (fair_share_) {
+      const sched::RunningJob& job = running_[static_cast<size_t>(slot)];
+      fair_share_->AddSpan(job.spec.queue, static_cast<double>(jobs_[index].milli) / kMilliPerGpu,
+                           job.start_time, now);
+    }
     if (static_cast<size_t>(slot) + 1 != running_.size()) {
       running_[slot] = std::move(running_.back());
       running_service_[slot] = running_service_.back();
@@ -221,6 +282,7 @@ class Replay {
       running_[i].attained_gpu_ms =
           service.earlier_gpu_ms + ServiceGpuMs(service.milli, now - running_[i].start_time);
     }
+    if (fair_share_) UpdateFairShare(now);
     const auto running = std::span<const sched::RunningJob>(running_);
     const auto pending = std::span<const sched::PendingJob* const>(queue_).subspan(queue_head_);
     sched::Decisions decisions;
@@ -264,6 +326,44 @@ class Replay {
     if (!holes_.empty()) CompactPending();
   }
 
+  void UpdateFairShare(TimeMs now) {
+    std::vector<sched::OpenSpan> open;
+    open.reserve(running_.size());
+    for (size_t i = 0; i < running_.size(); ++i)
+      open.push_back({.queue = running_[i].spec.queue,
+                      .gpus = static_cast<double>(running_service_[i].milli) / kMilliPerGpu,
+                      .start = running_[i].start_time});
+    config_.fair_share_factor =
+        sched::FairShareFactors(fair_share_->UsageAt(now, open), config_.queues);
+    // Jobs of two queues compare by their factors alone (then by submit time), so the kept order
+    // stays valid while the order of the queues' factors, ties included, stays the same: re-sort
+    // only when it changes, not on every cycle.
+    std::vector<std::pair<double, int32_t>> by_factor;
+    for (size_t q = 0; q < result_.queue_names.size(); ++q) {
+      const auto it = config_.fair_share_factor.find(result_.queue_names[q]);
+      const double factor = it == config_.fair_share_factor.end() ? 1.0 : it->second;
+      by_factor.emplace_back(-static_cast<double>(std::llround(factor * 1e12)),
+                             static_cast<int32_t>(q));
+    }
+    std::sort(by_factor.begin(), by_factor.end());
+    std::vector<int32_t> ranks(by_factor.size());
+    int32_t rank = 0;
+    for (size_t i = 0; i < by_factor.size(); ++i) {
+      if (i > 0 && by_factor[i].first != by_factor[i - 1].first) ++rank;
+      ranks[static_cast<size_t>(by_factor[i].second)] = rank;
+    }
+    if (ranks == fair_share_ranks_) return;
+    fair_share_ranks_ = std::move(ranks);
+    if (!keep_sorted_) return;
+    auto live = queue_.begin() + static_cast<ptrdiff_t>(queue_head_);
+    std::stable_sort(live, queue_.end(),
+                     [&](const sched::PendingJob* a, const sched::PendingJob* b) {
+                       return sched::PendingBefore(*a, *b, now, config_);
+                     });
+    for (size_t i = queue_head_; i < queue_.size(); ++i)
+      jobs_[queue_[i]->spec.id].slot = static_cast<int32_t>(i);
+  }
+
   // Why the first job that waits does so, by a cycle with full explanations on the present
   // state. Only for the message of a run that cannot go on.
   sched::Waiting ExplainFirstWaiting() {
@@ -289,7 +389,7 @@ class Replay {
     pending.attained_gpu_ms = state.earlier_gpu_ms + ServiceGpuMs(state.milli, ran);
     pending.last_run_end = now;
     pending.preemptions = ++result_.jobs[id].preemptions;
-    RemoveRunning(id);
+    RemoveRunning(id, now);
 
     state.earlier_gpu_ms = pending.attained_gpu_ms;
     state.remaining = std::max<TimeMs>(0, state.remaining - ran) + options_.restart_cost_ms;
@@ -467,7 +567,9 @@ class Replay {
 
   const Cluster& cluster_;
   const Trace& trace_;
-  const sched::SchedulerConfig& config_;
+  // A copy: under fair share the factors change before each cycle.
+  sched::SchedulerConfig config_;
+  std::optional<sched::FairShareLedger> fair_share_;
   const SimOptions& options_;
   // Free capacity with every running job committed, kept in step as jobs start and stop, so a
   // cycle need not re-commit all running jobs. With cycle hints the cycle works on it in place.
@@ -482,6 +584,7 @@ class Replay {
   std::vector<const sched::PendingJob*> queue_;
   size_t queue_head_ = 0;
   bool keep_sorted_ = true;
+  std::vector<int32_t> fair_share_ranks_;  // each queue's place in the factor order, last cycle
   int64_t cpu_only_pending_ = 0;
   int64_t usable_gpu_milli_ = 0;
   std::vector<int32_t> holes_;  // queue slots of jobs started in this cycle
@@ -495,8 +598,10 @@ class Replay {
   std::vector<RunningService> running_service_;
   std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
   int64_t allocated_milli_ = 0;
-  std::vector<int64_t> queue_allocated_milli_;  // per team queue
-  bool reclaim_possible_ = false;               // some queue has a cohort
+  static constexpr size_t kMaxBuckets = SimResult::kMaxQueueBuckets;
+  static constexpr TimeMs kFirstQueueBucketMs = 3'600'000;  // one hour, doubled as needed
+  std::vector<int64_t> queue_allocated_milli_;              // per team queue
+  bool reclaim_possible_ = false;                           // some queue has a cohort
   TimeMs last_time_ = 0;
   std::vector<TimeSeriesPoint> series_;
   SimResult result_;

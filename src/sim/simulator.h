@@ -106,10 +106,17 @@ struct SimResult {
   double allocated_gpu_milli_ms = 0;
   int64_t preemptions = 0;
   int64_t scheduling_cycles = 0;
-  // With team queues (SchedulerConfig::queues): their names, and each one's integral of
-  // allocated GPUs over time (milli-GPU x ms), as allocated_gpu_milli_ms.
+  // With team queues (SchedulerConfig::queues), or under fair share the queues the trace's jobs
+  // name: their names, and each one's integral of allocated GPUs over time (milli-GPU x ms), as
+  // allocated_gpu_milli_ms.
   std::vector<std::string> queue_names;
   std::vector<double> queue_gpu_milli_ms;
+  // The same integral per time bucket of queue_bucket_ms from the first submit:
+  // queue_bucket_gpu_milli_ms[bucket][queue]. The width doubles as the run goes on, so that any
+  // trace length gives between kMaxQueueBuckets / 2 and kMaxQueueBuckets buckets.
+  static constexpr size_t kMaxQueueBuckets = 64;
+  TimeMs queue_bucket_ms = 0;
+  std::vector<std::vector<double>> queue_bucket_gpu_milli_ms;
   std::vector<TimeSeriesPoint> time_series;
   FillResult fill;  // fill mode only
 };

@@ -76,6 +76,7 @@
 
 #include "core/cluster.h"
 #include "sched/allocator.h"
+#include "sched/fair_share.h"
 #include "sched/scheduler.h"
 #include "sim/queues.h"
 
@@ -212,7 +213,7 @@ SchedulerConfig MakeConfig(const YAML::Node& yaml) {
   SchedulerConfig config;
   if (!yaml) return config;
   CheckKeys(yaml, {"order", "backfill", "placement", "preempt", "las_queue_limits_gpu_s",
-                   "las_starvation_factor", "queues"});
+                   "las_starvation_factor", "queues", "fair_share_usage_gpu_s"});
   if (const YAML::Node order = yaml["order"]) {
     const auto parsed = ParseQueueOrder(order.as<std::string>());
     if (!parsed) Fail(order, "unknown order");
@@ -240,6 +241,13 @@ SchedulerConfig MakeConfig(const YAML::Node& yaml) {
     } catch (const sim::QueuesError& error) {
       Fail(queues, error.what());
     }
+  }
+  // Decayed usage per queue, turned into factors the way the server and the simulator do.
+  if (const YAML::Node usage = yaml["fair_share_usage_gpu_s"]) {
+    std::map<std::string, double, std::less<>> used;
+    for (const auto& entry : usage)
+      used.emplace(entry.first.as<std::string>(), entry.second.as<double>());
+    config.fair_share_factor = FairShareFactors(used, config.queues);
   }
   return config;
 }

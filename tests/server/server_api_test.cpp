@@ -701,6 +701,70 @@ TEST_F(ServerTest, FirstAdminTokenFileIsPrivate) {
   EXPECT_EQ(info.st_mode & 0777, 0600);
 }
 
+class FairShareTest : public ServerTest {
+ protected:
+  void SetUp() override {
+    options_.scheduler.order = sched::QueueOrder::kFairShare;
+    options_.scheduler.backfill = sched::Backfill::kEasy;
+    Start();
+  }
+
+  // Runs a job on the node until it exits 0, holding its GPUs for at least `held`.
+  void RunToSuccess(const api::NodeReport& node, JobId id, std::chrono::milliseconds held) {
+    ASSERT_TRUE(WaitForState(id, JobState::kScheduled));
+    const api::SyncResponse desired = Sync(node);
+    const api::TaskLaunch* launch = Find(desired, id);
+    ASSERT_TRUE(launch);
+    Sync(node, {Report(*launch, "running")}, desired.version);
+    std::this_thread::sleep_for(held);
+    Sync(node, {Report(*launch, "exited", 0)}, desired.version);
+    ASSERT_EQ(Job(id).state, JobState::kSucceeded);
+  }
+
+  json Queue(const std::string& name) {
+    const Reply reply = Call("GET", "/api/v1/queues", alice_);
+    EXPECT_EQ(reply.status, 200) << reply.body;
+    const json queues = reply.Json().at("queues");
+    for (const json& queue : queues)
+      if (queue.at("name") == name) return queue;
+    ADD_FAILURE() << "no queue " << name << " in " << reply.body;
+    return json::object();
+  }
+};
+
+// Queue a has run a job; b has not. With both waiting, b's later job goes first, and the usage
+// that decides it survives a restart (it is rebuilt from the jobs' history).
+TEST_F(FairShareTest, QueueThatUsedLessGoesFirst) {
+  const api::NodeReport node = NodeReport("n1");
+  Sync(node);
+  json whole_node = {{"command", {"true"}}, {"gpus", 4}, {"queue", "a"}};
+  RunToSuccess(node, Submit(alice_, whole_node), 50ms);
+  whole_node["queue"] = "hold";
+  const JobId hold = Submit(alice_, whole_node);
+  ASSERT_TRUE(WaitForState(hold, JobState::kScheduled));
+  whole_node["queue"] = "a";
+  const JobId from_a = Submit(alice_, whole_node);
+  whole_node["queue"] = "b";
+  const JobId from_b = Submit(bob_, whole_node);
+  EXPECT_EQ(Job(from_a).state, JobState::kPending);
+
+  const json a = Queue("a"), b = Queue("b");
+  EXPECT_GT(a.at("fair_share_usage_gpu_hours").get<double>(), 0);
+  EXPECT_LT(a.at("fair_share_factor").get<double>(), 1.0);
+  EXPECT_EQ(b.at("fair_share_usage_gpu_hours").get<double>(), 0);
+  EXPECT_EQ(b.at("fair_share_factor").get<double>(), 1.0);
+
+  Restart();
+  const json a_again = Queue("a");
+  // Decayed a little further, by a 7-day half-life: the same to 6 digits.
+  EXPECT_NEAR(a_again.at("fair_share_usage_gpu_hours").get<double>(),
+              a.at("fair_share_usage_gpu_hours").get<double>(), 1e-6);
+
+  RunToSuccess(node, hold, 1ms);
+  ASSERT_TRUE(WaitForState(from_b, JobState::kScheduled));
+  EXPECT_EQ(Job(from_a).state, JobState::kPending);
+}
+
 TEST_F(ServerTest, MetricsDescribeJobsNodesAndRequests) {
   Sync(NodeReport("n1"));
   const JobId id = Submit(alice_, kOneGpu);

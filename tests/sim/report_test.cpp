@@ -99,6 +99,41 @@ TEST(MakeReport, TimesAreRelativeToTheFirstSubmit) {
   EXPECT_EQ(report.time_series.back().time, 130 * kSec);
 }
 
+// Two queues over 130 s in 100 s windows: a holds 2 GPUs throughout, b 1 GPU in the first window
+// only. The second window covers 30 s of the run, and its averages are over those 30 s.
+TEST(MakeReport, QueueGpusOverTime) {
+  SimResult result = FiveJobs();
+  result.queue_names = {"a", "b"};
+  for (JobOutcome& job : result.jobs)
+    job.queue = 0;
+  result.jobs[1].queue = 1;
+  result.queue_gpu_milli_ms = {2.0 * kMilliPerGpu * 130 * kSec, 1.0 * kMilliPerGpu * 100 * kSec};
+  result.queue_bucket_ms = 100 * kSec;
+  result.queue_bucket_gpu_milli_ms = {
+      {2.0 * kMilliPerGpu * 100 * kSec, 1.0 * kMilliPerGpu * 100 * kSec},
+      {2.0 * kMilliPerGpu * 30 * kSec, 0}};
+  RunDescription run = Description();
+  run.policy = "fairshare";
+  run.fair_share_half_life_s = 7 * 86400;
+  const SimReport report = MakeReport(result, run);
+  EXPECT_DOUBLE_EQ(report.queue_window_s, 100);
+  ASSERT_EQ(report.queue_gpus.size(), 2u);
+  EXPECT_DOUBLE_EQ(report.queue_gpus[0][0], 2);
+  EXPECT_DOUBLE_EQ(report.queue_gpus[0][1], 1);
+  EXPECT_DOUBLE_EQ(report.queue_gpus[1][0], 2);
+  EXPECT_DOUBLE_EQ(report.queue_gpus[1][1], 0);
+  const std::string text = FormatReport(report);
+  EXPECT_NE(text.find("usage half-life 168.00 h"), std::string::npos) << text;
+  EXPECT_NE(text.find("GPUs held by each queue over time"), std::string::npos) << text;
+  // a holds 2 of 4 GPUs, b 1 then 0: 25 % then 50 % idle.
+  EXPECT_NE(text.find("0.0 s    50.0 %  25.0 %  25.0 %"), std::string::npos) << text;
+  EXPECT_NE(text.find("100.0 s  50.0 %   0.0 %  50.0 %"), std::string::npos) << text;
+  const nlohmann::json json = ToJson(report);
+  EXPECT_EQ(json["policy"]["fair_share_half_life_s"], 7 * 86400);
+  EXPECT_EQ(json["queues"]["gpus_over_time"]["window_s"], 100.0);
+  EXPECT_EQ(json["queues"]["gpus_over_time"]["mean_gpus"]["b"], nlohmann::json::array({1.0, 0.0}));
+}
+
 TEST(Format, DurationsAndThousands) {
   EXPECT_EQ(FormatDuration(45), "45.0 s");
   EXPECT_EQ(FormatDuration(750), "12.5 min");

@@ -494,8 +494,13 @@ TEST(Replay, CycleHintsChangeNothing) {
         Variant{sched::QueueOrder::kSjf, sched::Backfill::kFirstFit, false, 0},
         Variant{sched::QueueOrder::kSjf, sched::Backfill::kEasy, true, 0},
         Variant{sched::QueueOrder::kLas, sched::Backfill::kFirstFit, false, 0},
-        Variant{sched::QueueOrder::kLas, sched::Backfill::kFirstFit, false, 2}}) {
+        Variant{sched::QueueOrder::kLas, sched::Backfill::kFirstFit, false, 2},
+        Variant{sched::QueueOrder::kFairShare, sched::Backfill::kEasy, false, 0},
+        Variant{sched::QueueOrder::kFairShare, sched::Backfill::kFirstFit, true, 0}}) {
     sched::SchedulerConfig config = Config(v.order, v.backfill);
+    // A short half-life reorders the trace's virtual clusters often: the kept queue is re-sorted
+    // each time, and must give what a full sort on every cycle gives.
+    config.fair_share_half_life_s = 3600;
     config.preempt = v.preempt;
     config.las_starvation_factor = v.starvation;
     SimOptions options = Options(Estimates::kOracle);
@@ -521,6 +526,66 @@ TEST(Replay, CycleHintsChangeNothing) {
       EXPECT_GT(plain.preemptions, 0) << what;
     }
   }
+}
+
+// Queue a floods the cluster first; b's jobs arrive later. FIFO serves a's backlog first; fair
+// share lets b, which used nothing, go ahead of a's waiting jobs.
+TEST(FairShare, QueueThatUsedLessGoesFirst) {
+  std::vector<TraceJob> jobs;
+  for (JobId id = 0; id < 10; ++id) {
+    jobs.push_back(Job(id, static_cast<double>(id), 100, 4));
+    jobs.back().spec.queue = "a";
+  }
+  for (JobId id = 10; id < 13; ++id) {
+    jobs.push_back(Job(id, 50, 100, 4));
+    jobs.back().spec.queue = "b";
+  }
+  const Trace trace = MakeTrace(jobs);
+  const SimResult fifo = Simulate(
+      OneNode(4), trace, Config(sched::QueueOrder::kFifo, sched::Backfill::kNone), Options());
+  const SimResult fair = Simulate(
+      OneNode(4), trace, Config(sched::QueueOrder::kFairShare, sched::Backfill::kEasy), Options());
+  // FIFO: b's first job starts after all ten of a's.
+  EXPECT_EQ(fifo.jobs[10].first_start, 1000 * kSec);
+  // Fair share: once a's first job ends, b (no usage) goes ahead of a's backlog, and a gets its
+  // turn back as b's usage grows past a's decayed share.
+  EXPECT_EQ(fair.jobs[10].first_start, 100 * kSec);
+  EXPECT_LT(fair.jobs[12].first_start, fifo.jobs[12].first_start);
+  // The queues are those the jobs name (none configured), reported with their GPU time...
+  ASSERT_EQ(fair.queue_names, (std::vector<std::string>{"a", "b"}));
+  EXPECT_DOUBLE_EQ(fair.queue_gpu_milli_ms[1], 3 * 4 * 100.0 * kSec * kMilliPerGpu);
+  // ...and over time, in buckets that add up to the same totals.
+  ASSERT_FALSE(fair.queue_bucket_gpu_milli_ms.empty());
+  for (size_t q = 0; q < 2; ++q) {
+    double sum = 0;
+    for (const std::vector<double>& bucket : fair.queue_bucket_gpu_milli_ms)
+      sum += bucket[q];
+    EXPECT_DOUBLE_EQ(sum, fair.queue_gpu_milli_ms[q]) << q;
+  }
+  EXPECT_TRUE(fifo.queue_names.empty());
+}
+
+// Buckets start at an hour and double, merging neighbours, so a long run keeps at most
+// kMaxQueueBuckets of them and loses no GPU time.
+TEST(FairShare, QueueBucketsDoubleOnLongRuns) {
+  std::vector<TraceJob> jobs;
+  for (JobId id = 0; id < 200; ++id) {
+    jobs.push_back(Job(id, static_cast<double>(id) * 3600, 1800, 1));
+    jobs.back().spec.queue = id % 3 == 0 ? "x" : "y";
+  }
+  const SimResult result =
+      Simulate(OneNode(4), MakeTrace(jobs),
+               Config(sched::QueueOrder::kFairShare, sched::Backfill::kEasy), Options());
+  EXPECT_LE(result.queue_bucket_gpu_milli_ms.size(), SimResult::kMaxQueueBuckets);
+  EXPECT_GT(result.queue_bucket_gpu_milli_ms.size(), SimResult::kMaxQueueBuckets / 2);
+  EXPECT_EQ(result.queue_bucket_ms, 4 * 3600 * kSec);  // 200 hours: 1 h doubled twice
+  double sum = 0;
+  for (const std::vector<double>& bucket : result.queue_bucket_gpu_milli_ms)
+    sum += bucket[0] + bucket[1];
+  EXPECT_DOUBLE_EQ(sum, 200 * 1800.0 * kSec * kMilliPerGpu);
+
+  EXPECT_DOUBLE_EQ(result.queue_bucket_gpu_milli_ms[1][0] + result.queue_bucket_gpu_milli_ms[1][1],
+                   4 * 1800.0 * kSec * kMilliPerGpu);
 }
 
 TEST(Names, ParseAndName) {

@@ -1,0 +1,81 @@
+#include "sched/fair_share.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+namespace gpufleet::sched {
+
+FairShareLedger::FairShareLedger(int64_t half_life_s)
+    : half_life_s_(std::max<int64_t>(1, half_life_s)) {}
+
+double FairShareLedger::Decayed(double gpus, TimeMs start, TimeMs end, TimeMs at) const {
+  if (end <= start || gpus <= 0) return 0;
+  const double half_life_ms = static_cast<double>(half_life_s_) * kMsPerSecond;
+  // The integral of 2^-((at - s) / h) over [start, end], in seconds.
+  const double scale = static_cast<double>(half_life_s_) / std::numbers::ln2;
+  const double near = std::exp2(-static_cast<double>(at - end) / half_life_ms);
+  const double far = std::exp2(-static_cast<double>(at - start) / half_life_ms);
+  return gpus * scale * (near - far);
+}
+
+void FairShareLedger::AddSpan(std::string_view queue, double gpus, TimeMs start, TimeMs end) {
+  if (end <= start || gpus <= 0) return;
+  if (end > reference_) {
+    // Move the reference forward so that no span is ever valued ahead of it: decaying keeps
+    // every stored value at most its undecayed GPU-seconds.
+    const double half_life_ms = static_cast<double>(half_life_s_) * kMsPerSecond;
+    const double factor = std::exp2(-static_cast<double>(end - reference_) / half_life_ms);
+    for (auto& entry : usage_)
+      entry.second *= factor;
+    reference_ = end;
+  }
+  auto it = usage_.find(queue);
+  if (it == usage_.end()) it = usage_.emplace(std::string(queue), 0.0).first;
+  it->second += Decayed(gpus, start, end, reference_);
+}
+
+std::map<std::string, double, std::less<>> FairShareLedger::UsageAt(
+    TimeMs now, std::span<const OpenSpan> open) const {
+  now = std::max(now, reference_);
+  const double half_life_ms = static_cast<double>(half_life_s_) * kMsPerSecond;
+  const double factor = std::exp2(-static_cast<double>(now - reference_) / half_life_ms);
+  std::map<std::string, double, std::less<>> usage;
+  for (const auto& [queue, value] : usage_)
+    usage.emplace(queue, value * factor);
+  for (const OpenSpan& span : open) {
+    auto it = usage.find(span.queue);
+    if (it == usage.end()) it = usage.emplace(std::string(span.queue), 0.0).first;
+    it->second += Decayed(span.gpus, span.start, now, now);
+  }
+  return usage;
+}
+
+std::map<std::string, double, std::less<>> FairShareFactors(
+    const std::map<std::string, double, std::less<>>& usage, std::span<const QueueConfig> queues) {
+  std::map<std::string, double, std::less<>> weights;
+  if (queues.empty()) {
+    for (const auto& entry : usage)
+      weights.emplace(entry.first, 1.0);
+  } else {
+    for (const QueueConfig& queue : queues)
+      weights.emplace(queue.name, queue.weight);
+  }
+  double total_usage = 0;
+  for (const auto& [queue, value] : usage)
+    if (weights.contains(queue)) total_usage += value;
+  double total_weight = 0;
+  for (const auto& entry : weights)
+    total_weight += entry.second;
+  std::map<std::string, double, std::less<>> factors;
+  for (const auto& [queue, weight] : weights) {
+    const auto used = usage.find(queue);
+    const double part_used =
+        total_usage > 0 && used != usage.end() ? used->second / total_usage : 0.0;
+    const double part_owed = weight / total_weight;
+    factors.emplace(queue, std::exp2(-part_used / part_owed));
+  }
+  return factors;
+}
+
+}  // namespace gpufleet::sched
