@@ -6,9 +6,11 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <random>
 #include <set>
@@ -115,6 +117,18 @@ std::string LastLines(const std::string& text, int64_t lines) {
   return text;
 }
 
+// On simulated GPUs a workload shows 100 % utilisation unless its environment sets
+// GPUFLEET_SIM_GPU_UTILIZATION (percent, 0..100): the way to try idle-GPU detection and
+// reclamation without GPUs (docs/quotas.md). Real GPUs report what runs on them.
+double SimUtilizationOf(const std::map<std::string, std::string>& env) {
+  const auto it = env.find("GPUFLEET_SIM_GPU_UTILIZATION");
+  if (it == env.end()) return 1.0;
+  char* end = nullptr;
+  const double percent = std::strtod(it->second.c_str(), &end);
+  if (end == it->second.c_str() || *end != '\0' || !(percent >= 0 && percent <= 100)) return 1.0;
+  return percent / 100.0;
+}
+
 }  // namespace
 
 void LogToStderr(const std::string& message) {
@@ -139,6 +153,8 @@ struct AgentCore::State {
     std::string job_label;              // the gpufleet_gpu_job label
     int32_t pid = 0;
     bool launching = false;  // reserved by Launch, not yet known to the executor
+    // Simulated GPUs only: the utilisation the workload shows (kSimUtilizationEnv), 0..1.
+    double sim_utilization = 1.0;
   };
 
   AgentOptions options;
@@ -247,8 +263,10 @@ void AgentCore::State::SampleLocked() {
       for (size_t position : holding.positions) {
         workload_ids[position].push_back(id);
         job_ids[position].push_back(holding.job_label);
-        // A workload without CUDA cannot really load a simulated GPU: holding one is the load.
-        loads[position].utilization = 1.0;
+        // A workload without CUDA cannot really load a simulated GPU: holding one is the load,
+        // unless the workload says otherwise (to try idle-GPU detection without GPUs).
+        loads[position].utilization =
+            std::max(loads[position].utilization, holding.sim_utilization);
         if (holding.pid > 0) loads[position].process_ids.push_back(holding.pid);
       }
     }
@@ -549,6 +567,7 @@ AgentResult<std::unique_ptr<AgentCore>> AgentCore::Open(AgentOptions options) {
     holding.pid = status.pid;
     holding.job_label = spec.value().job_id != 0 ? std::to_string(spec.value().job_id) : status.id;
     holding.gpu_milli = spec.value().gpu_milli;
+    holding.sim_utilization = SimUtilizationOf(spec.value().env);
     for (int32_t index : spec.value().gpu_indices) {
       auto found = state->position_of_index.find(index);
       if (found == state->position_of_index.end())
@@ -745,6 +764,7 @@ AgentResult<WorkloadView> AgentCore::Launch(const LaunchRequest& request) {
     holding.positions = positions;
     holding.gpu_milli = request.gpu_milli;
     holding.job_label = request.job_id != 0 ? std::to_string(request.job_id) : id;
+    holding.sim_utilization = SimUtilizationOf(request.env);
     holding.launching = true;  // the executor does not know it yet: keep the reservation
     state.active.emplace(id, std::move(holding));
     state.PublishCountsLocked();

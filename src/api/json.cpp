@@ -370,6 +370,7 @@ void to_json(json& out, const JobRecord& value) {
              {"tasks", value.tasks},
              {"events", value.events}};
   Optional(out, "exit_code", value.exit_code);
+  Optional(out, "idle_since_ms", value.idle_since_ms);
 }
 void from_json(const json& in, JobRecord& value) {
   Read(in, "id", value.id);
@@ -391,6 +392,7 @@ void from_json(const json& in, JobRecord& value) {
   Read(in, "tasks", value.tasks);
   Read(in, "events", value.events);
   ReadOptional(in, "exit_code", value.exit_code);
+  ReadOptional(in, "idle_since_ms", value.idle_since_ms);
 }
 
 void to_json(json& out, const GpuStatus& value) {

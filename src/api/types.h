@@ -93,6 +93,9 @@ struct JobRecord {
   std::vector<TaskStatus> tasks;  // empty while pending
   std::vector<JobEvent> events;
   std::optional<int32_t> exit_code;  // of the first task that failed, or 0 on success
+  // Running, and every GPU of it has shown (next to) no utilisation since then for the server's
+  // --idle-gpu-timeout (docs/quotas.md); unset when it is not idle.
+  std::optional<TimeMs> idle_since_ms;
 };
 
 // ---- Nodes, queues, tokens ---------------------------------------------------------------------

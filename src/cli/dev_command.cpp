@@ -108,8 +108,9 @@ int RunDev(const DevArgs& args) {
     return kExitUsage;
   }
   auto scheduler = SchedulerConfigFrom(args.scheduler);
+  auto idle_timeout = scheduler ? IdleGpuTimeoutMs(args.scheduler) : std::nullopt;
   auto node_timeout = PositiveDuration("--node-timeout", args.node_timeout);
-  if (!scheduler || !node_timeout) return kExitUsage;
+  if (!scheduler || !idle_timeout || !node_timeout) return kExitUsage;
   if (args.require_nvml && !args.sim_gpus.empty()) {
     fmt::print(stderr, "error: --require-nvml and --sim-gpus contradict each other: pick one\n");
     return kExitUsage;
@@ -151,6 +152,7 @@ int RunDev(const DevArgs& args) {
   server_options.port = listen->port;
   server_options.node_timeout_ms = *node_timeout;
   server_options.scheduler = std::move(*scheduler);
+  server_options.idle_gpu_timeout_ms = *idle_timeout;
   server_options.log = log_to("server");
   auto started = server::Server::Open(server_options);
   if (!started.server) {

@@ -54,8 +54,10 @@ std::optional<server::ServerOptions> Options(const ServerArgs& args) {
   options.heartbeat_ms = *heartbeat;
   options.schedule_interval_ms = *interval;
   auto scheduler = SchedulerConfigFrom(args.scheduler);
-  if (!scheduler) return std::nullopt;
+  auto idle_timeout = scheduler ? IdleGpuTimeoutMs(args.scheduler) : std::nullopt;
+  if (!scheduler || !idle_timeout) return std::nullopt;
   options.scheduler = std::move(*scheduler);
+  options.idle_gpu_timeout_ms = *idle_timeout;
   if (args.tls_cert.empty() != args.tls_key.empty()) {
     fmt::print(stderr,
                "error: --tls-cert and --tls-key go together: give both for HTTPS, or "
@@ -195,9 +197,26 @@ void AddSchedulerOptions(CLI::App& command, SchedulerArgs& args) {
                   "fairshare: half-life of past GPU usage, such as 7d or 12h (Slurm's "
                   "PriorityDecayHalfLife)")
       ->capture_default_str();
+  command
+      .add_option("--idle-gpu-timeout", args.idle_gpu_timeout,
+                  "Flag a running job whose GPUs stay at most 1 % utilized this long (0 or off: "
+                  "never); queues with reclaim_idle preempt it while others wait")
+      ->capture_default_str();
   command.add_option("--queues", args.queues_file,
                      "Team queues with guaranteed GPU quotas, cohorts, borrowing limits and "
                      "fair-share weights (YAML, docs/quotas.md); jobs must name one of them");
+}
+
+std::optional<TimeMs> IdleGpuTimeoutMs(const SchedulerArgs& args) {
+  if (args.idle_gpu_timeout == "off") return 0;
+  auto ms = ParseDurationMs(args.idle_gpu_timeout);
+  if (!ms || *ms < 0) {
+    fmt::print(stderr,
+               "error: --idle-gpu-timeout '{}': expected a duration such as 30m or 2h, or off\n",
+               args.idle_gpu_timeout);
+    return std::nullopt;
+  }
+  return ms;
 }
 
 std::optional<sched::SchedulerConfig> SchedulerConfigFrom(const SchedulerArgs& args) {

@@ -19,6 +19,7 @@ struct SchedulerArgs {
   std::string placement = "binpack";
   bool preempt = false;
   std::string fair_share_half_life = "7d";
+  std::string idle_gpu_timeout = "30m";  // "0" or "off": never flag idle jobs
   std::string queues_file;  // team queues and quotas (docs/quotas.md); empty: queues by use
 };
 
@@ -27,6 +28,8 @@ void AddSchedulerOptions(CLI::App& command, SchedulerArgs& args);
 std::optional<sched::SchedulerConfig> SchedulerConfigFrom(const SchedulerArgs& args);
 // "fairshare (backfill easy, placement binpack, usage half-life 7d)" for startup banners.
 std::string DescribeScheduler(const sched::SchedulerConfig& config);
+// --idle-gpu-timeout in ms (0: off); nothing, after printing why, when it is invalid.
+std::optional<TimeMs> IdleGpuTimeoutMs(const SchedulerArgs& args);
 // A duration flag that must be above zero; nothing, after printing why, otherwise.
 std::optional<TimeMs> PositiveDuration(const std::string& flag, const std::string& text);
 

@@ -24,6 +24,9 @@ struct QueueConfig {
   // Its part of the cluster under the fairshare policy (sched/fair_share.h), against the other
   // queues' weights; admission and quotas do not use it.
   double weight = 1.0;
+  // The server preempts (requeues, with the checkpoint signal first) this queue's jobs whose GPUs
+  // sat idle for its --idle-gpu-timeout while other jobs wait for GPUs. Not simulated.
+  bool reclaim_idle = false;
 
   bool PerModel() const { return !guaranteed_milli_by_model.empty(); }
   friend bool operator==(const QueueConfig&, const QueueConfig&) = default;

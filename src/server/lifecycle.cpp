@@ -97,6 +97,7 @@ bool IsActive(JobState state) {
 
 void SetState(JobRecord& job, JobState to, std::string reason, TimeMs now) {
   if (job.state == to && !job.events.empty()) return;
+  job.idle_since_ms.reset();  // idleness is of one run
   api::JobEvent event;
   event.time_ms = now;
   event.from = job.events.empty() ? "" : std::string(api::JobStateName(job.state));
@@ -113,6 +114,13 @@ void PlaceJob(JobRecord& job, std::vector<TaskStatus> tasks, std::string reason,
   job.started_ms = 0;
   job.exit_code.reset();
   SetState(job, JobState::kScheduled, std::move(reason), now);
+}
+
+void SetIdle(JobRecord& job, std::optional<TimeMs> since, std::string reason, TimeMs now) {
+  if (job.idle_since_ms.has_value() == since.has_value()) return;
+  job.idle_since_ms = since;
+  const std::string state(api::JobStateName(job.state));
+  job.events.push_back(api::JobEvent{now, state, state, std::move(reason)});
 }
 
 void RequeueJob(JobRecord& job, std::string reason, TimeMs now) {

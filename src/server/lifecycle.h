@@ -33,6 +33,10 @@ void PlaceJob(api::JobRecord& job, std::vector<api::TaskStatus> tasks, std::stri
 // tasks are dropped, so the agents stop them, and the attempt number goes up.
 void RequeueJob(api::JobRecord& job, std::string reason, TimeMs now);
 
+// Flags a running job idle since `since` (its GPUs unused), or clears the flag (nothing), with
+// an event that keeps the state and says why. A no-op when the flag does not change.
+void SetIdle(api::JobRecord& job, std::optional<TimeMs> since, std::string reason, TimeMs now);
+
 // To failed, with the reason and the exit code (if any) of what failed.
 void FailJob(api::JobRecord& job, std::string reason, std::optional<int32_t> exit_code, TimeMs now);
 

@@ -398,6 +398,120 @@ std::map<std::string, double, std::less<>> Server::Impl::FairShareUsageLocked(Ti
   return fair_share.UsageAt(now, open);
 }
 
+namespace {
+
+// At most this busy, a GPU counts as idle: dcgm's GPU_UTIL of a process that only holds memory
+// or waits on a dataloader between rare kernels.
+constexpr double kIdleUtilizationPct = 1.0;
+
+std::string FormatMinutes(TimeMs ms) {
+  return ms % 60000 == 0 ? fmt::format("{} min", ms / 60000) : fmt::format("{} s", ms / 1000);
+}
+
+}  // namespace
+
+void Server::Impl::TrackIdleLocked(const std::string& name, TimeMs now) {
+  const NodeEntry& node = nodes.at(name);
+  std::map<int32_t, double> utilization;
+  for (const api::GpuStatus& gpu : node.record.report.gpus)
+    utilization[gpu.index] = gpu.utilization_pct;
+  for (JobId id : active_jobs) {
+    const JobRecord& job = jobs.at(id);
+    if (job.state != JobState::kRunning) continue;
+    bool here = false, idle = true;
+    for (const api::TaskStatus& task : job.tasks) {
+      if (task.node != name) continue;
+      here = true;
+      for (int32_t index : task.gpu_indices) {
+        auto it = utilization.find(index);
+        idle = idle && it != utilization.end() && it->second <= kIdleUtilizationPct;
+      }
+    }
+    if (!here) continue;
+    auto& since = idle_on_node[id];
+    if (idle)
+      since.try_emplace(name, now);
+    else
+      since.erase(name);
+  }
+}
+
+bool Server::Impl::YieldsLocked(JobId id) const {
+  const auto it = yields_to.find(id);
+  return it != yields_to.end() &&
+         std::any_of(it->second.begin(), it->second.end(),
+                     [&](JobId other) { return pending_jobs.contains(other); });
+}
+
+bool Server::Impl::CheckIdleLocked(TimeMs now, std::vector<Mutation>& batch,
+                                   std::vector<std::string>& wake) {
+  constexpr size_t kMaxYieldedTo = 64;
+  std::erase_if(yields_to, [&](const auto& entry) { return !YieldsLocked(entry.first); });
+  // Jobs waiting for GPUs, oldest first; those that yield themselves do not count.
+  std::vector<JobId> waiting;
+  for (const auto& [id, pending] : pending_jobs) {
+    if (waiting.size() == kMaxYieldedTo) break;
+    if (pending->spec.gpu_milli_per_task > 0 && !yields_to.contains(id)) waiting.push_back(id);
+  }
+  const bool gpus_wanted = !waiting.empty();
+  bool changed = false;
+  for (auto it = idle_on_node.begin(); it != idle_on_node.end();) {
+    auto job_it = jobs.find(it->first);
+    if (job_it == jobs.end() || job_it->second.state != JobState::kRunning) {
+      it = idle_on_node.erase(it);
+      continue;
+    }
+    JobRecord& job = job_it->second;
+    const std::vector<std::string> on = NodesOf(job);
+    // Idle when every node it runs on says so; since the last of them began to.
+    std::optional<TimeMs> since;
+    if (!on.empty() && std::all_of(on.begin(), on.end(), [&](const std::string& node) {
+          return it->second.contains(node);
+        })) {
+      since = 0;
+      for (const std::string& node : on)
+        since = std::max(*since, it->second.at(node));
+    }
+    ++it;
+    const bool idle = since && now - *since >= options.idle_gpu_timeout_ms;
+    const auto& queues = options.scheduler.queues;
+    const auto queue = std::find_if(queues.begin(), queues.end(), [&](const sched::QueueConfig& q) {
+      return q.name == job.spec.queue;
+    });
+    const bool reclaim =
+        idle && gpus_wanted && job.spec.preemptible && queue != queues.end() && queue->reclaim_idle;
+    if (idle == job.idle_since_ms.has_value() && !reclaim) continue;
+    if (idle && !job.idle_since_ms) {
+      SetIdle(job, since,
+              fmt::format("idle: its GPUs have been at most {:g} % utilized for {}",
+                          kIdleUtilizationPct, FormatMinutes(options.idle_gpu_timeout_ms)),
+              now);
+      Log(fmt::format("job {} (queue {}) is idle: its GPUs have been unused for {}", job.id,
+                      job.spec.queue, FormatMinutes(now - *since)));
+    } else if (!idle) {
+      SetIdle(job, std::nullopt, "busy again: its GPUs are in use", now);
+    }
+    if (reclaim) {
+      for (const std::string& node : on) {
+        BumpLocked(node);
+        wake.push_back(node);
+      }
+      RequeueJob(job,
+                 fmt::format("preempted: its GPUs were idle for {} while other jobs waited, and "
+                             "queue '{}' reclaims idle GPUs",
+                             FormatMinutes(now - *since), job.spec.queue),
+                 now);
+      ++idle_reclaims;
+      yields_to[job.id] = waiting;
+      Log(fmt::format("job {} requeued: its GPUs were idle", job.id));
+    }
+    IndexJobLocked(job);
+    batch.push_back(PutJobLocked(job));
+    changed = true;
+  }
+  return changed;
+}
+
 void Server::Impl::BumpLocked(const std::string& node) {
   if (auto it = nodes.find(node); it != nodes.end()) it->second.version = ++last_version;
 }
@@ -566,7 +680,9 @@ void Server::Impl::MaintenanceLoop() {
         }
       }
     }
-    if (lost_any) {
+    const bool idle_changed =
+        options.idle_gpu_timeout_ms > 0 && !failed() && CheckIdleLocked(WallMs(), batch, wake);
+    if (lost_any || idle_changed) {
       ChangedLocked();
       CommitLocked(std::move(batch), nullptr, std::move(wake));
     }
@@ -652,7 +768,7 @@ Server::Impl::Snapshot Server::Impl::SnapshotLocked(TimeMs now) const {
     snapshot.fair_share_usage = FairShareUsageLocked(now);
   snapshot.pending.reserve(pending_jobs.size());
   for (const auto& [id, pending] : pending_jobs)
-    snapshot.pending.push_back(pending);
+    if (yields_to.empty() || !YieldsLocked(id)) snapshot.pending.push_back(pending);
   return snapshot;
 }
 

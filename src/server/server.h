@@ -34,6 +34,9 @@ struct ServerOptions {
   // A directory every node sees (shared storage) for jobs' checkpoints; empty: each agent keeps
   // them in its own data dir.
   std::string checkpoint_root;
+  // A running job all of whose GPUs report at most 1 % utilisation for this long is flagged idle
+  // (and, in queues with reclaim_idle, preempted while other jobs wait); 0: never.
+  TimeMs idle_gpu_timeout_ms = 30 * 60 * 1000;
   // One line per notable event (node registered or lost, store failure); nothing when unset.
   std::function<void(const std::string&)> log;
   // Opens the store; unset: SQLite in data_dir. Another backend (etcd), or a test's, goes here.

@@ -674,6 +674,7 @@ void Sync(Impl& s, const HttpRequest& request, const Caller&, HttpResponder resp
   node.record.report = std::move(sync.node);
   node.record.last_seen_ms = now;
   node.last_seen = std::chrono::steady_clock::now();
+  if (s.options.idle_gpu_timeout_ms > 0) s.TrackIdleLocked(name, now);
   std::vector<Mutation> batch;
   std::vector<std::string> wake;
   if (persist) batch.push_back(s.PutNodeLocked(node));
@@ -731,6 +732,8 @@ HttpResponse Metrics(Impl& s) {
   uint64_t audit_entries = 0;
   size_t parked = 0;
   std::map<std::string, int64_t> gpu_ms_by_team;
+  std::map<std::string, int64_t> idle_by_queue;
+  uint64_t idle_reclaims = 0;
   {
     std::lock_guard lock(s.mu);
     const TimeMs now = WallMs();
@@ -754,6 +757,9 @@ HttpResponse Metrics(Impl& s) {
       allocated_milli += job.spec.gpu_milli_per_task * job.spec.tasks;
     }
     audit_entries = s.audit_entries;
+    idle_reclaims = s.idle_reclaims;
+    for (JobId id : s.active_jobs)
+      if (s.jobs.at(id).idle_since_ms) ++idle_by_queue[s.jobs.at(id).spec.queue];
   }
   std::string out;
   out += "# HELP gpufleet_jobs Jobs by queue and state.\n# TYPE gpufleet_jobs gauge\n";
@@ -766,6 +772,16 @@ HttpResponse Metrics(Impl& s) {
   for (const auto& [team, gpu_ms] : gpu_ms_by_team)
     out += fmt::format("gpufleet_team_gpu_seconds_total{{team=\"{}\"}} {:.3f}\n", PromLabel(team),
                        static_cast<double>(gpu_ms) / 1000.0);
+  out +=
+      "# HELP gpufleet_idle_jobs Running jobs flagged idle: their GPUs unused for the idle GPU "
+      "timeout.\n# TYPE gpufleet_idle_jobs gauge\n";
+  for (const auto& [queue, count] : idle_by_queue)
+    out += fmt::format("gpufleet_idle_jobs{{queue=\"{}\"}} {}\n", PromLabel(queue), count);
+  out += fmt::format(
+      "# HELP gpufleet_idle_reclaims_total Idle jobs preempted for waiting work (queues with "
+      "reclaim_idle).\n# TYPE gpufleet_idle_reclaims_total counter\ngpufleet_idle_reclaims_total "
+      "{}\n",
+      idle_reclaims);
   out += "# HELP gpufleet_nodes Nodes by state.\n# TYPE gpufleet_nodes gauge\n";
   for (const auto& [state, count] : nodes_by)
     out += fmt::format("gpufleet_nodes{{state=\"{}\"}} {}\n", state, count);

@@ -121,6 +121,11 @@ struct Server::Impl {
   store::Mutation AuditLocked(const Caller& caller, std::string action, std::string target,
                               std::string detail, TimeMs now);
   void IndexJobLocked(const api::JobRecord& job);  // after any state change
+  // Idle GPUs: TrackIdleLocked reads a node's report (in every sync); CheckIdleLocked flags,
+  // unflags and reclaims (maintenance loop) and says whether anything changed.
+  void TrackIdleLocked(const std::string& node, TimeMs now);
+  bool CheckIdleLocked(TimeMs now, std::vector<store::Mutation>& batch,
+                       std::vector<std::string>& wake);
   // Each queue's decayed GPU-seconds at `now`, running jobs included.
   std::map<std::string, double, std::less<>> FairShareUsageLocked(TimeMs now) const;
   // Gives the node a new desired version (its parked syncs are answered by the caller's commit).
@@ -180,6 +185,16 @@ struct Server::Impl {
   sched::FairShareLedger fair_share{options.scheduler.fair_share_half_life_s};
   std::unordered_map<JobId, size_t> ended_spans_counted;
   std::map<std::string, int64_t> ended_gpu_ms_by_team;
+  // Idle GPUs: for each running job, since when each node it runs on has reported every GPU of
+  // the job there at most kIdleUtilizationPct busy. In memory only: a restarted server starts
+  // the count again, which errs on the side of the job.
+  std::unordered_map<JobId, std::map<std::string, TimeMs>> idle_on_node;
+  uint64_t idle_reclaims = 0;
+  // A job requeued for idle GPUs yields to the jobs that were waiting then (up to
+  // kMaxYieldedTo): it is left out of the scheduler's queue while any of them still waits, so
+  // its GPUs go to them rather than straight back to it.
+  std::unordered_map<JobId, std::vector<JobId>> yields_to;
+  bool YieldsLocked(JobId id) const;
   std::map<std::string, NodeEntry> nodes;
   std::map<std::string, TokenEntry> tokens;                      // by id
   std::unordered_map<std::string, std::string> token_by_sha256;  // -> id

@@ -55,6 +55,8 @@ std::vector<QueueEntry> ParseQueues(const YAML::Node& list, bool allow_members) 
         queue.borrowing_limit_milli = Milli(value);
       } else if (key == "weight") {
         queue.weight = value.as<double>();
+      } else if (key == "reclaim_idle") {
+        queue.reclaim_idle = value.as<bool>();
       } else if (key == "members" && allow_members) {
         entry.members = value.as<std::vector<std::string>>();
       } else {

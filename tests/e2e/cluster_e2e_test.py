@@ -343,6 +343,51 @@ def test_quota_reclaim_checkpoints_and_requeues(gpufleet):
               f"A's job within its guarantee: {within['state']} attempt {within['attempt']}")
 
 
+IDLE_QUEUES = """\
+- {name: team-a, guaranteed_gpus: 2, reclaim_idle: true}
+- {name: team-b, guaranteed_gpus: 2}
+"""
+
+
+def test_idle_gpus_are_reclaimed_with_a_checkpoint(gpufleet):
+    """A job whose (simulated) GPUs stay at 0 % is flagged idle; its queue reclaims idle GPUs,
+    so when another team's job waits it gets SIGTERM, saves a checkpoint and is requeued behind
+    that job, which runs; then it resumes from its checkpoint."""
+    with Cluster(gpufleet, "idle") as cluster:
+        queues = os.path.join(cluster.root, "queues.yaml")
+        with open(queues, "w") as file:
+            file.write(IDLE_QUEUES)
+        cluster.server_args += ["--queues", queues, "--idle-gpu-timeout", "2s",
+                                "--heartbeat", "1s"]
+        cluster.start_server()
+        cluster.start_agent("node-a", gpus="2xH100-80GB")
+        alice = cluster.token("alice", "a")
+        bob = cluster.token("bob", "b")
+        idle = cluster.submit({"command": ["sh", "-c", CHECKPOINTING_JOB], "gpus": 2,
+                               "queue": "team-a", "grace_period": "20s",
+                               "env": {"GPUFLEET_SIM_GPU_UTILIZATION": "0"}}, alice)
+        cluster.wait_state(idle["id"], "running")
+        wait_until(lambda: cluster.job(idle["id"], alice).get("idle_since_ms") is not None, 20,
+                   "the idle flag")
+        check(cluster.job(idle["id"], alice)["state"] == "running",
+              "an idle job keeps its GPUs while nothing waits")
+        other = cluster.submit({"command": ["sh", "-c", "echo mine"], "gpus": 1,
+                                "queue": "team-b"}, bob)
+        check(cluster.wait_state(other["id"], ("succeeded", "failed"), timeout=40)["state"] ==
+              "succeeded", "the waiting job")
+        done = cluster.wait_state(idle["id"], ("succeeded", "failed"), timeout=40)
+        reasons = [event["reason"] for event in done["events"]]
+        check(done["state"] == "succeeded" and done["attempt"] == 1,
+              f"the idle job: {done['state']} attempt {done['attempt']}: {reasons}")
+        check(any("reclaims idle GPUs" in reason for reason in reasons),
+              f"no idle reclaim event: {reasons}")
+        resumed = cluster.logs(idle["id"], token=alice)
+        check(resumed.endswith("resumed from step 42\n"),
+              f"the idle job's second attempt said {resumed!r}")
+        metrics = http("GET", cluster.url + "/metrics", timeout=5)[1]
+        check("gpufleet_idle_reclaims_total 1" in metrics, "the reclaim counter")
+
+
 def test_server_kill9_loses_no_acknowledged_job(gpufleet):
     with Cluster(gpufleet, "kill9") as cluster:
         cluster.start_server()
@@ -406,7 +451,7 @@ def test_tls(gpufleet):
 
 TESTS = [test_cli_submit_logs_cancel, test_teams_are_isolated, test_agent_restart_keeps_the_job,
          test_lost_node_requeues_its_job, test_checkpoint_survives_requeue, test_gpu_shares,
-         test_quota_reclaim_checkpoints_and_requeues,
+         test_quota_reclaim_checkpoints_and_requeues, test_idle_gpus_are_reclaimed_with_a_checkpoint,
          test_server_kill9_loses_no_acknowledged_job, test_tls]
 
 if __name__ == "__main__":

@@ -765,6 +765,93 @@ TEST_F(FairShareTest, QueueThatUsedLessGoesFirst) {
   EXPECT_EQ(Job(from_a).state, JobState::kPending);
 }
 
+class IdleGpuTest : public ServerTest {
+ protected:
+  void SetUp() override {
+    options_.idle_gpu_timeout_ms = 300;
+    sched::QueueConfig reclaims, keeps;
+    reclaims.name = "reclaims";
+    reclaims.guaranteed_milli = 4 * kMilliPerGpu;
+    reclaims.reclaim_idle = true;
+    keeps.name = "keeps";
+    keeps.guaranteed_milli = 4 * kMilliPerGpu;
+    options_.scheduler.queues = {reclaims, keeps};
+    options_.scheduler.backfill = sched::Backfill::kFirstFit;
+    Start();
+  }
+
+  // Starts the job on `node` (whose GPUs show `utilization_pct`) and returns its launch.
+  api::TaskLaunch Run(api::NodeReport& node, JobId id, double utilization_pct) {
+    EXPECT_TRUE(WaitForState(id, JobState::kScheduled));
+    for (api::GpuStatus& gpu : node.gpus)
+      gpu.utilization_pct = utilization_pct;
+    const api::SyncResponse desired = Sync(node);
+    const api::TaskLaunch* launch = Find(desired, id);
+    EXPECT_TRUE(launch);
+    if (!launch) return {};
+    Sync(node, {Report(*launch, "running")}, desired.version);
+    return *launch;
+  }
+
+  // Syncs `node` (as agents do every heartbeat) until `done` holds.
+  bool SyncUntil(const api::NodeReport& node, const api::TaskLaunch& launch,
+                 const std::function<bool()>& done) {
+    return WaitUntil([&] {
+      Sync(node, {Report(launch, "running")});
+      return done();
+    });
+  }
+};
+
+// A job whose GPUs stay unused is flagged; in a queue that reclaims idle GPUs it is requeued
+// once another job waits for them, and that job runs. Busy GPUs clear the flag.
+TEST_F(IdleGpuTest, IdleJobIsFlaggedThenReclaimedForWaitingWork) {
+  api::NodeReport node = NodeReport("n1");
+  Sync(node);
+  const JobId idle =
+      Submit(alice_, {{"command", {"sleep", "1h"}}, {"gpus", 4}, {"queue", "reclaims"}});
+  const api::TaskLaunch launch = Run(node, idle, 0);
+  ASSERT_TRUE(SyncUntil(node, launch, [&] { return Job(idle).idle_since_ms.has_value(); }));
+  JobRecord flagged = Job(idle);
+  EXPECT_EQ(flagged.state, JobState::kRunning);  // nothing waits: it keeps its GPUs
+  EXPECT_NE(flagged.events.back().reason.find("idle: its GPUs have been at most 1 % utilized"),
+            std::string::npos)
+      << flagged.events.back().reason;
+  EXPECT_NE(Call("GET", "/metrics", "").body.find("gpufleet_idle_jobs{queue=\"reclaims\"} 1"),
+            std::string::npos);
+
+  const JobId waiting = Submit(bob_, {{"command", {"true"}}, {"gpus", 1}, {"queue", "keeps"}});
+  ASSERT_TRUE(SyncUntil(node, launch, [&] { return Job(idle).state == JobState::kPending; }));
+  const JobRecord requeued = Job(idle);
+  EXPECT_EQ(requeued.attempt, 1);
+  EXPECT_FALSE(requeued.idle_since_ms);
+  EXPECT_NE(requeued.events.back().reason.find("queue 'reclaims' reclaims idle GPUs"),
+            std::string::npos)
+      << requeued.events.back().reason;
+  EXPECT_TRUE(WaitForState(waiting, JobState::kScheduled));
+  EXPECT_NE(Call("GET", "/metrics", "").body.find("gpufleet_idle_reclaims_total 1"),
+            std::string::npos);
+}
+
+TEST_F(IdleGpuTest, OtherQueuesOnlyFlagAndBusyGpusClearTheFlag) {
+  api::NodeReport node = NodeReport("n1");
+  Sync(node);
+  const JobId kept =
+      Submit(alice_, {{"command", {"sleep", "1h"}}, {"gpus", 4}, {"queue", "keeps"}});
+  const api::TaskLaunch launch = Run(node, kept, 0.5);
+  ASSERT_TRUE(SyncUntil(node, launch, [&] { return Job(kept).idle_since_ms.has_value(); }));
+  Submit(bob_, {{"command", {"true"}}, {"gpus", 1}, {"queue", "reclaims"}});
+  // Well past the timeout with a job waiting: flagged, never preempted.
+  std::this_thread::sleep_for(1500ms);
+  Sync(node, {Report(launch, "running")});
+  EXPECT_EQ(Job(kept).state, JobState::kRunning);
+
+  for (api::GpuStatus& gpu : node.gpus)
+    gpu.utilization_pct = 87;
+  ASSERT_TRUE(SyncUntil(node, launch, [&] { return !Job(kept).idle_since_ms.has_value(); }));
+  EXPECT_EQ(Job(kept).events.back().reason, "busy again: its GPUs are in use");
+}
+
 TEST_F(ServerTest, MetricsDescribeJobsNodesAndRequests) {
   Sync(NodeReport("n1"));
   const JobId id = Submit(alice_, kOneGpu);
