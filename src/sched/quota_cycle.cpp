@@ -72,19 +72,34 @@ class QuotaCycle {
 
   Decisions Run(std::span<const PendingJob* const> pending, const CycleOptions& options) {
     explain_ = options.explain_all_waiting;
-    std::vector<std::pair<Rank, const PendingJob*>> ranked;
-    ranked.reserve(pending.size());
-    for (const PendingJob* job : pending)
-      ranked.emplace_back(RankOfPending(*job), job);
-    if (!options.pending_sorted &&
-        !std::is_sorted(ranked.begin(), ranked.end(),
-                        [](const auto& a, const auto& b) { return a.first < b.first; }))
-      std::sort(ranked.begin(), ranked.end(),
-                [](const auto& a, const auto& b) { return a.first < b.first; });
-    if (explain_) decisions_.waiting.reserve(ranked.size());
-    for (const auto& [rank, job] : ranked)
-      Consider(*job, rank);
-    decisions_.considered = static_cast<int64_t>(ranked.size());
+    std::vector<const PendingJob*> sorted;
+    if (!options.pending_sorted) {
+      std::vector<std::pair<Rank, const PendingJob*>> ranked;
+      ranked.reserve(pending.size());
+      for (const PendingJob* job : pending)
+        ranked.emplace_back(RankOfPending(*job), job);
+      auto less = [](const auto& a, const auto& b) { return a.first < b.first; };
+      if (!std::is_sorted(ranked.begin(), ranked.end(), less))
+        std::sort(ranked.begin(), ranked.end(), less);
+      sorted.reserve(ranked.size());
+      for (const auto& entry : ranked)
+        sorted.push_back(entry.second);
+      pending = sorted;
+    }
+    if (explain_) decisions_.waiting.reserve(pending.size());
+    // A job's rank is worked out only when something needs it: most jobs of a long queue are
+    // passed over on their size alone.
+    size_t i = 0;
+    for (; i < pending.size(); ++i) {
+      std::optional<Rank> rank;
+      if (!explain_) {
+        const Pass pass = PassOver(*pending[i], rank, options);
+        if (pass == Pass::kStop) break;
+        if (pass == Pass::kSkip) continue;
+      }
+      Consider(*pending[i], rank);
+    }
+    decisions_.considered = static_cast<int64_t>(i);
     return std::move(decisions_);
   }
 
@@ -105,6 +120,7 @@ class QuotaCycle {
     nominal_.assign(queues * resources_, 0);
     used_.assign(queues * resources_, 0);
     cohort_of_.assign(queues, -1);
+    queue_blocked_.assign(queues, false);
     std::unordered_map<std::string_view, int32_t> cohorts;
     for (size_t q = 0; q < queues; ++q) {
       const QueueConfig& queue = config_.queues[q];
@@ -151,25 +167,57 @@ class QuotaCycle {
       candidates_[q].assign(found.begin(), found.end());
     }
 
+    // One pass over the running jobs, each looked at once: their queue, their quota usage and,
+    // where preemption is on, their class, counted per queue for MayPreemptInQueue.
     running_queue_.assign(running_.size(), -1);
     uses_begin_.assign(running_.size() + 1, 0);
     uses_flat_.reserve(running_.size());
+    const bool preemption = config_.preempt || config_.order == QueueOrder::kLas;
+    if (preemption) {
+      running_class_.resize(running_.size());
+      victim_classes_.resize(queues);
+    }
     for (size_t i = 0; i < running_.size(); ++i) {
-      const int32_t q = QueueOf(running_[i].spec);
+      const RunningJob& job = running_[i];
+      const int32_t q = QueueOf(job.spec);
       running_queue_[i] = q;
       if (q >= 0) {  // a queue no longer configured holds no quota
-        AppendUses(q, running_[i].spec, running_[i].allocation, uses_flat_);
+        AppendUses(q, job.spec, job.allocation, uses_flat_);
         AddUses(q, RunningUses(i, uses_flat_.size()), +1);
+        if (preemption && job.spec.preemptible) CountVictim(i, q);
       }
       uses_begin_[i + 1] = static_cast<uint32_t>(uses_flat_.size());
     }
+    for (std::vector<ClassMilli>& classes : victim_classes_)
+      std::sort(classes.begin(), classes.end(),
+                [](const ClassMilli& a, const ClassMilli& b) { return b.cls < a.cls; });
+  }
+
+  void CountVictim(size_t i, int32_t q) {
+    const RunningJob& job = running_[i];
+    const Class cls = RunningClassOf(job.spec, job.attained_gpu_ms, config_);
+    running_class_[i] = cls;
+    std::vector<ClassMilli>& classes = victim_classes_[static_cast<size_t>(q)];
+    auto it = std::find_if(classes.begin(), classes.end(),
+                           [&](const ClassMilli& entry) { return entry.cls == cls; });
+    if (it == classes.end()) it = classes.insert(classes.end(), {cls, 0, 0});
+    it->milli += job.spec.TotalGpuMilli();
+    ++it->jobs;
+  }
+
+  // Queue names are short: a loop beats a call to memcmp, which the profile showed.
+  static bool SameName(std::string_view a, std::string_view b) {
+    if (a.size() != b.size()) return false;
+    for (size_t k = 0; k < a.size(); ++k)
+      if (a[k] != b[k]) return false;
+    return true;
   }
 
   int32_t QueueOf(const JobSpec& spec) const {
     // A few queues are found faster by comparing names than by hashing them.
     if (config_.queues.size() <= 16) {
       for (size_t q = 0; q < config_.queues.size(); ++q)
-        if (config_.queues[q].name == spec.queue) return static_cast<int32_t>(q);
+        if (SameName(config_.queues[q].name, spec.queue)) return static_cast<int32_t>(q);
       return -1;
     }
     auto it = queue_index_.find(spec.queue);
@@ -216,6 +264,7 @@ class QuotaCycle {
   }
 
   void AddUses(int32_t q, std::span<const Use> uses, int64_t sign) {
+    reclaim_room_dirty_ = true;
     const int32_t c = cohort_of_[static_cast<size_t>(q)];
     for (const Use& use : uses) {
       used_[Index(q, use.resource)] += sign * use.milli;
@@ -281,6 +330,41 @@ class QuotaCycle {
     const TimeMs since = job.last_run_end >= 0 ? job.last_run_end : job.spec.submit_time;
     return RankOf(job.spec, job.attained_gpu_ms, since, now_, config_);
   }
+  const Rank& RankOfPending(const PendingJob& job, std::optional<Rank>& rank) const {
+    if (!rank) rank = RankOfPending(job);
+    return *rank;
+  }
+
+  enum class Pass { kConsider, kSkip, kStop };
+  // Without explanations, the cheap look at a job before its queue is even looked up: kSkip
+  // when Consider would pass it over all the same (no placement on the free GPUs, no reclaim, no
+  // preemption, and its waiting decides nothing), kStop when that holds for every job behind it
+  // too. Jobs come in rank order and, within a cycle, victims are only ever taken, so once no
+  // queue has a victim of a class worse than a job's, none has one for any job behind it.
+  Pass PassOver(const PendingJob& job, std::optional<Rank>& rank, const CycleOptions& options) {
+    // Strict FIFO: once the head of every queue waits, nothing behind them may start.
+    if (config_.backfill == Backfill::kNone)
+      return blocked_queues_ == config_.queues.size() ? Pass::kStop : Pass::kConsider;
+    if (config_.backfill == Backfill::kEasy && !reservation_) return Pass::kConsider;
+    const JobSpec& spec = job.spec;
+    if (spec.gpu_milli_per_task == 0 || MayPlace(spec)) return Pass::kConsider;
+    if (!no_victims_left_) {
+      if (MayPreemptAnywhere(RankOfPending(job, rank).cls)) return Pass::kConsider;
+      no_victims_left_ = true;
+    }
+    // Only a reclaim is left, for a job within its own queue's room.
+    const int64_t room = MaxReclaimRoom();
+    if (spec.TotalGpuMilli() <= room) {
+      const int32_t q = QueueOf(spec);
+      return q < 0 || spec.TotalGpuMilli() <= reclaim_room_of_[static_cast<size_t>(q)]
+                 ? Pass::kConsider
+                 : Pass::kSkip;
+    }
+    // Nothing left to place on either: no GPU is free and every job left needs one.
+    if (allocator_.FreeGpuMilli() == 0 && options.cpu_only_pending == 0 && room <= 0)
+      return Pass::kStop;
+    return Pass::kSkip;
+  }
 
   // Whether a reclaim could be tried for the job: some resource keeps its queue within its
   // guarantee while another queue of the cohort borrows on it.
@@ -296,22 +380,58 @@ class QuotaCycle {
     return false;
   }
 
-  // Whether queue q runs a preemptible job of a class worse than `rank` (taken ones included,
-  // so a true answer only means "maybe").
-  bool MayPreemptInQueue(int32_t q, const Rank& rank) {
-    if (!(config_.preempt || config_.order == QueueOrder::kLas)) return false;
-    if (worst_class_.empty()) {
-      worst_class_.resize(config_.queues.size());
-      for (size_t i = 0; i < running_.size(); ++i) {
-        const int32_t rq = running_queue_[i];
-        if (rq < 0 || !running_[i].spec.preemptible) continue;
-        auto& worst = worst_class_[static_cast<size_t>(rq)];
-        const Class cls = RunningClass(i);
-        if (!worst || *worst < cls) worst = cls;
+  // The room queue q has left within its guarantee on a resource that another queue of its
+  // cohort borrows (reclaim_room_of_), and the largest over all queues: MayReclaim is false for
+  // every job asking for more. Recounted after usage changed, O(queues^2).
+  int64_t MaxReclaimRoom() {
+    if (!reclaim_room_dirty_) return reclaim_room_;
+    reclaim_room_dirty_ = false;
+    reclaim_room_ = 0;
+    reclaim_room_of_.assign(config_.queues.size(), 0);
+    for (size_t q = 0; q < config_.queues.size(); ++q) {
+      const int32_t c = cohort_of_[q];
+      if (c < 0) continue;
+      int64_t& best = reclaim_room_of_[q];
+      for (size_t r = 0; r < resources_; ++r) {
+        const int32_t qi = static_cast<int32_t>(q);
+        const int32_t ri = static_cast<int32_t>(r);
+        const int64_t room = nominal_[Index(qi, ri)] - used_[Index(qi, ri)];
+        if (room <= best) continue;
+        for (int32_t member : cohort_members_[static_cast<size_t>(c)])
+          if (member != qi && used_[Index(member, ri)] > nominal_[Index(member, ri)]) {
+            best = room;
+            break;
+          }
       }
+      reclaim_room_ = std::max(reclaim_room_, best);
     }
-    const auto& worst = worst_class_[static_cast<size_t>(q)];
-    return worst && rank.cls < *worst;
+    return reclaim_room_;
+  }
+
+  // Whether TryPreemptInQueue could place a job of this rank asking for `demand`: queue q has
+  // untaken preemptible jobs of a strictly worse class, and the free GPUs and theirs together
+  // hold the job (Place refuses a job asking for more GPUs than are free).
+  bool MayPreemptInQueue(int32_t q, const Rank& rank, int64_t demand) {
+    if (!(config_.preempt || config_.order == QueueOrder::kLas)) return false;
+    int64_t milli = 0;
+    bool any = false;
+    for (const ClassMilli& entry : victim_classes_[static_cast<size_t>(q)]) {
+      if (!(rank.cls < entry.cls)) break;
+      any = any || entry.jobs > 0;
+      milli += entry.milli;
+    }
+    return any && demand <= allocator_.FreeGpuMilli() + milli;
+  }
+
+  // Whether some queue has an untaken preemptible job of a class worse than `cls`.
+  bool MayPreemptAnywhere(const Class& cls) {
+    if (!(config_.preempt || config_.order == QueueOrder::kLas)) return false;
+    for (const std::vector<ClassMilli>& classes : victim_classes_)
+      for (const ClassMilli& entry : classes) {
+        if (!(cls < entry.cls)) break;
+        if (entry.jobs > 0) return true;
+      }
+    return false;
   }
 
   // The resources a job may be admitted on: for per-model guarantees only the models it accepts.
@@ -351,7 +471,7 @@ class QuotaCycle {
     return allocation;
   }
 
-  void Consider(const PendingJob& job, const Rank& rank) {
+  void Consider(const PendingJob& job, std::optional<Rank>& lazy_rank) {
     const JobSpec& spec = job.spec;
     const int32_t q = QueueOf(spec);
     if (q < 0) {
@@ -362,12 +482,13 @@ class QuotaCycle {
     // Without explanations, a job that can neither be placed on the free GPUs nor make room by
     // preempting is passed over before anything costlier, where its waiting decides nothing
     // (first fit, or EASY once the reservation is made; strict FIFO blocks its queue below).
-    if (!explain_ && spec.gpu_milli_per_task > 0 && !MayPlace(spec) &&
+    if (!explain_ && spec.gpu_milli_per_task > 0 &&
         (config_.backfill == Backfill::kFirstFit ||
          (config_.backfill == Backfill::kEasy && reservation_)) &&
-        !MayReclaim(spec, q) && !MayPreemptInQueue(q, rank))
+        !MayPlace(spec) && !MayReclaim(spec, q) &&
+        !MayPreemptInQueue(q, RankOfPending(job, lazy_rank), spec.TotalGpuMilli()))
       return;
-    if (!explain_ && config_.backfill == Backfill::kNone && queue_blocked_.count(q) > 0) return;
+    if (!explain_ && config_.backfill == Backfill::kNone && queue_blocked_[qi]) return;
     if (const auto infeasible = NeverFits(spec)) {
       Wait(spec, *infeasible);  // never blocks the jobs behind it
       return;
@@ -384,7 +505,7 @@ class QuotaCycle {
         return;
       }
     }
-    if (config_.backfill == Backfill::kNone && queue_blocked_.count(q) > 0) {
+    if (config_.backfill == Backfill::kNone && queue_blocked_[qi]) {
       Wait(spec, WaitReason::kBlockedByQueueHead);
       return;
     }
@@ -436,7 +557,7 @@ class QuotaCycle {
       }
     }
     if ((config_.preempt || config_.order == QueueOrder::kLas) &&
-        TryPreemptInQueue(spec, q, rank, candidates))
+        TryPreemptInQueue(spec, q, RankOfPending(job, lazy_rank), candidates))
       return;
 
     if (refusal && !admitted) {
@@ -448,7 +569,10 @@ class QuotaCycle {
       Wait(spec, explain_ ? allocator_.WhyNotNow(placing) : WaitReason::kInsufficientGpus);
       if (config_.backfill == Backfill::kEasy && !reservation_) reservation_ = Reserve(spec);
     }
-    if (config_.backfill == Backfill::kNone) queue_blocked_.insert(q);
+    if (config_.backfill == Backfill::kNone && !queue_blocked_[qi]) {
+      queue_blocked_[qi] = true;
+      ++blocked_queues_;
+    }
   }
 
   // Stops borrowed work of other queues of the cohort so that a job of queue q, within its
@@ -470,6 +594,19 @@ class QuotaCycle {
     // Victims depend on the queue (never its own jobs), so failures are kept per queue.
     for (const auto& [shape, resource, queue] : failed_reclaims_)
       if (resource == r && queue == q && shape == Shape{&placing_copy}) return false;
+    // Victims are only taken while their queue stays at or above its guarantee, so with one
+    // resource (every job's use is all its GPUs) they free at most what the other queues borrow:
+    // if that and the free GPUs cannot hold the job, the search below would fail.
+    if (resources_ == 1) {
+      int64_t bound = allocator_.FreeGpuMilli();
+      for (int32_t member : cohort_members_[static_cast<size_t>(c)])
+        if (member != q)
+          bound += std::max<int64_t>(0, used_[Index(member, 0)] - nominal_[Index(member, 0)]);
+      if (bound < placing_copy.TotalGpuMilli()) {
+        failed_reclaims_.emplace_back(Shape{&placing_copy}, r, q);
+        return false;
+      }
+    }
 
     // Whether stopping victim i keeps its queue at or above its guarantee, and frees quota on r.
     auto eligible = [&](size_t i) {
@@ -655,17 +792,19 @@ class QuotaCycle {
     return true;
   }
 
-  Class RunningClass(size_t i) {
-    if (running_class_.empty()) running_class_.resize(running_.size());
-    if (!running_class_[i])
-      running_class_[i] =
-          RankOf(running_[i].spec, running_[i].attained_gpu_ms, -1, now_, config_).cls;
-    return *running_class_[i];
-  }
+  // The class of preemptible running job i.
+  Class RunningClass(size_t i) const { return running_class_[i]; }
 
   // Records victim i as preempted; its allocation and usage are already released.
   void Preempted(size_t i, JobId for_job, PreemptReason reason) {
     taken_[i] = true;
+    if (!victim_classes_.empty()) {
+      for (ClassMilli& entry : victim_classes_[static_cast<size_t>(running_queue_[i])])
+        if (entry.cls == running_class_[i]) {
+          entry.milli -= running_[i].spec.TotalGpuMilli();
+          --entry.jobs;
+        }
+    }
     decisions_.preemptions.push_back({running_[i].spec.id, for_job, reason});
   }
 
@@ -737,15 +876,27 @@ class QuotaCycle {
   std::vector<bool> taken_;           // preempted in this cycle
   JobSpec restricted_;
   std::vector<int32_t> filtered_;
-  std::vector<std::optional<Class>> running_class_;
-  std::vector<std::optional<Class>> worst_class_;  // per queue, see MayPreemptInQueue
+  // Preemption classes of the preemptible running jobs, and per queue the untaken ones' GPUs by
+  // class, worst first; empty when preemption is off.
+  struct ClassMilli {
+    Class cls;
+    int64_t milli = 0;
+    int32_t jobs = 0;
+  };
+  std::vector<Class> running_class_;
+  std::vector<std::vector<ClassMilli>> victim_classes_;
+  bool no_victims_left_ = false;  // no job from here on may preempt (PassOver)
+  bool reclaim_room_dirty_ = true;
+  int64_t reclaim_room_ = 0;  // see MaxReclaimRoom
+  std::vector<int64_t> reclaim_room_of_;
 
   std::unordered_set<Shape, ShapeHash> failed_shapes_;
   std::unordered_map<Shape, std::optional<WaitReason>, ShapeHash> infeasible_shapes_;
   std::vector<std::tuple<Shape, int32_t, int32_t>> failed_reclaims_;  // shape, resource, queue
   std::deque<JobSpec> restricted_store_;
   std::vector<std::pair<JobSpec, Class>> failed_in_queue_;
-  std::unordered_set<int32_t> queue_blocked_;  // strict FIFO: queues whose head waits
+  std::vector<bool> queue_blocked_;  // strict FIFO: queues whose head waits
+  size_t blocked_queues_ = 0;
   std::vector<std::pair<TimeMs, int64_t>> new_ends_;
   std::optional<Reservation> reservation_;
 };

@@ -24,7 +24,21 @@ struct Rank {
   bool operator<(const Rank& other) const { return Tuple() < other.Tuple(); }
 };
 
-int64_t LasQueue(int64_t attained_gpu_ms, const SchedulerConfig& config);
+inline int64_t LasQueue(int64_t attained_gpu_ms, const SchedulerConfig& config) {
+  int64_t queue = 0;
+  for (int64_t limit_gpu_s : config.las_queue_limits_gpu_s)
+    if (attained_gpu_ms >= limit_gpu_s * kMsPerSecond) ++queue;
+  return queue;
+}
+
+// RankOf(spec, attained_gpu_ms, -1, now, config).cls, the class of a running job (it waits for
+// nothing, so no starvation promotion), inline: the quota cycle needs it for every running job
+// in every cycle.
+inline std::pair<int64_t, int64_t> RunningClassOf(const JobSpec& spec, int64_t attained_gpu_ms,
+                                                  const SchedulerConfig& config) {
+  return {-static_cast<int64_t>(spec.priority),
+          config.order == QueueOrder::kLas ? LasQueue(attained_gpu_ms, config) : 0};
+}
 
 Rank RankOf(const JobSpec& spec, int64_t attained_gpu_ms, TimeMs waiting_since, TimeMs now,
             const SchedulerConfig& config);

@@ -17,13 +17,6 @@
 
 namespace gpufleet::sched {
 
-int64_t LasQueue(int64_t attained_gpu_ms, const SchedulerConfig& config) {
-  int64_t queue = 0;
-  for (int64_t limit_gpu_s : config.las_queue_limits_gpu_s)
-    if (attained_gpu_ms >= limit_gpu_s * kMsPerSecond) ++queue;
-  return queue;
-}
-
 Rank RankOf(const JobSpec& spec, int64_t attained_gpu_ms, TimeMs waiting_since, TimeMs now,
             const SchedulerConfig& config) {
   Rank rank;

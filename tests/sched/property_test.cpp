@@ -19,6 +19,7 @@
 
 #include "core/cluster.h"
 #include "sched/allocator.h"
+#include "sched/rank.h"
 #include "sched/scheduler.h"
 
 namespace gpufleet::sched {
@@ -1088,6 +1089,46 @@ TEST(QuotaProperty, EveryEntryPointDecidesTheSame) {
     ASSERT_EQ(Describe(reference),
               Describe(Schedule(c.cluster, c.running, c.pending, c.now, c.config)))
         << "seed " << seed << " (shuffled)";
+  }
+}
+
+// The lazy quota cycle with every hint the simulator gives (sorted queue, CPU-only count, no
+// explanations) passes jobs over on their size and stops once nothing more can start: by a
+// queue's room to reclaim, the untaken victims' GPUs per queue and class, or every queue blocked
+// under strict FIFO. Those bounds must only ever skip jobs that would not start.
+TEST(QuotaProperty, LazyCycleWithHintsDecidesTheSame) {
+  int64_t stopped_early = 0;
+  for (uint64_t seed = 920'001; seed < 920'001 + 400; ++seed) {
+    Case c = RandomQuotaCase(seed, 8, 60);
+    const Decisions full = Schedule(c.cluster, c.running, c.pending, c.now, c.config);
+    std::vector<const PendingJob*> sorted;
+    for (const PendingJob& job : c.pending)
+      sorted.push_back(&job);
+    std::sort(sorted.begin(), sorted.end(), [&](const PendingJob* a, const PendingJob* b) {
+      return PendingBefore(*a, *b, c.now, c.config);
+    });
+    CycleOptions options;
+    options.pending_sorted = true;
+    options.explain_all_waiting = false;
+    options.cpu_only_pending =
+        std::count_if(c.pending.begin(), c.pending.end(),
+                      [](const PendingJob& j) { return j.spec.gpu_milli_per_task == 0; });
+    const Decisions hinted = Schedule(c.cluster, c.running, sorted, c.now, c.config, options);
+    ASSERT_EQ(DescribeActions(full), DescribeActions(hinted)) << "seed " << seed;
+    if (hinted.considered < static_cast<int64_t>(c.pending.size())) ++stopped_early;
+  }
+  std::cout << stopped_early << " cycles stopped early\n";
+  EXPECT_GT(stopped_early, 30);  // the early stop must actually be exercised
+}
+
+// The quota cycle ranks every running job each cycle with RunningClassOf instead of RankOf.
+TEST(QuotaProperty, RunningClassIsTheRankClass) {
+  for (uint64_t seed = 930'001; seed < 930'001 + 200; ++seed) {
+    const Case c = RandomCase(seed, 8, 10);
+    for (const RunningJob& job : c.running)
+      ASSERT_EQ(RunningClassOf(job.spec, job.attained_gpu_ms, c.config),
+                RankOf(job.spec, job.attained_gpu_ms, -1, c.now, c.config).cls)
+          << "seed " << seed << " job " << job.spec.id;
   }
 }
 

@@ -588,6 +588,53 @@ TEST(FairShare, QueueBucketsDoubleOnLongRuns) {
                    4 * 1800.0 * kSec * kMilliPerGpu);
 }
 
+// The same with team queues: the quota cycle passes jobs over and stops early by its own bounds
+// (reclaim room, victims per queue and class, blocked queues), which must change no decision.
+TEST(Replay, CycleHintsChangeNothingWithQueues) {
+  const std::string path = std::string(GPUFLEET_TRACES_DIR) + "/philly/philly.csv";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "no " << path;
+  UniformClusterShape shape;
+  shape.nodes = 8;
+  const Cluster cluster = MakeUniformCluster(shape);
+  ReadOptions read;
+  read.limit = 800;
+  Trace trace = ReadTrace(path, TraceFormat::kPhilly, read);
+  RemoveInfeasibleJobs(cluster, trace, true);
+  const std::vector<std::string> names = {"a", "b", "c"};
+  for (size_t i = 0; i < trace.jobs.size(); ++i)
+    trace.jobs[i].spec.queue = names[i % 5 == 0 ? 2 : i % 2];
+  std::vector<sched::QueueConfig> queues(3);
+  for (size_t q = 0; q < 3; ++q) {
+    queues[q].name = names[q];
+    queues[q].cohort = "all";
+  }
+  queues[0].guaranteed_milli = 32 * kMilliPerGpu;
+  queues[1].guaranteed_milli = 16 * kMilliPerGpu;
+  queues[1].borrowing_limit_milli = 8 * kMilliPerGpu;
+  queues[2].guaranteed_milli = 16 * kMilliPerGpu;
+  queues[0].weight = 3;  // for fair share
+  for (const sched::QueueOrder order : {sched::QueueOrder::kFifo, sched::QueueOrder::kSjf,
+                                        sched::QueueOrder::kLas, sched::QueueOrder::kFairShare}) {
+    sched::SchedulerConfig config = Config(order, sched::DefaultBackfill(order));
+    config.queues = queues;
+    config.fair_share_half_life_s = 3600;
+    SimOptions options = Options(Estimates::kOracle);
+    const SimResult hinted = Simulate(cluster, trace, config, options);
+    options.cycle_hints = false;
+    const SimResult plain = Simulate(cluster, trace, config, options);
+    ASSERT_EQ(hinted.jobs.size(), plain.jobs.size()) << sched::Name(order);
+    for (size_t i = 0; i < plain.jobs.size(); ++i) {
+      ASSERT_EQ(hinted.jobs[i].first_start, plain.jobs[i].first_start) << sched::Name(order) << i;
+      ASSERT_EQ(hinted.jobs[i].finish, plain.jobs[i].finish) << sched::Name(order) << i;
+      ASSERT_EQ(hinted.jobs[i].preemptions, plain.jobs[i].preemptions) << sched::Name(order) << i;
+    }
+    EXPECT_EQ(hinted.preemptions, plain.preemptions) << sched::Name(order);
+    if (order == sched::QueueOrder::kLas) {
+      EXPECT_GT(plain.preemptions, 0);
+    }
+  }
+}
+
 TEST(Names, ParseAndName) {
   EXPECT_EQ(ParseEstimates("oracle"), Estimates::kOracle);
   EXPECT_EQ(ParseEstimates("none"), Estimates::kNone);
