@@ -1,10 +1,13 @@
 #pragma once
 
+#include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "core/job.h"
 #include "core/types.h"
 #include "sched/queues.h"
 
@@ -28,7 +31,31 @@ enum class Backfill {
 enum class PlacementPolicy {
   kBinPack,  // best fit: fill the fullest nodes and GPUs first, keep whole nodes free for gangs
   kSpread,   // worst fit: the emptiest nodes first
+  // Fragmentation gradient descent (Weng et al., USENIX ATC'23): the node and GPU whose choice
+  // least increases the fragmentation expected under SchedulerConfig::target_workload. Without a
+  // target workload it places as kBinPack.
+  kFgd,
 };
+
+// One task shape of the target workload FGD measures fragmentation against, with its popularity.
+// The scheduler is pure, so the distribution is an input: the simulator builds it from the trace
+// it replays (as the paper does), a server could build it from its recent jobs
+// (TargetWorkloadOf).
+struct TaskClass {
+  MilliGpu gpu_milli_per_task = 0;  // a multiple of 1000 for whole GPUs, 1..999 for a share, or 0
+  MilliCpu cpu_milli_per_task = 0;
+  MiB memory_mib_per_task = 0;
+  std::vector<std::string> gpu_models;  // any of these; empty means any model
+  MiB min_gpu_memory_mib = 0;
+  // Relative popularity, e.g. how many tasks of this shape were seen. Integral, so that the
+  // fragmentation is an exact integer and equal choices compare equal.
+  int64_t weight = 1;
+  friend bool operator==(const TaskClass&, const TaskClass&) = default;
+};
+
+// The target workload of these jobs: one class per distinct task shape, weighted by the number of
+// tasks (a gang of k tasks counts k times), in order of first appearance.
+std::vector<TaskClass> TargetWorkloadOf(std::span<const JobSpec> jobs);
 
 struct SchedulerConfig {
   QueueOrder order = QueueOrder::kFifo;
@@ -45,6 +72,9 @@ struct SchedulerConfig {
   // Team queues with guaranteed GPU quotas (docs/quotas.md). Empty: no quota logic at all, and
   // jobs' queue names are ignored.
   std::vector<QueueConfig> queues;
+  // The task distribution kFgd placement measures fragmentation against; ignored by the other
+  // placements.
+  std::vector<TaskClass> target_workload;
 };
 
 std::optional<QueueOrder> ParseQueueOrder(std::string_view name);
