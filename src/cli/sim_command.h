@@ -33,7 +33,9 @@ struct SimArgs {
   double grace_period_s = 0;
   std::string estimates;  // empty: oracle for sjf and EASY backfill, else none
   std::string mode = "replay";
-  std::optional<double> load;  // empty: arrival times as recorded
+  double fill_arrived = 0;         // fill: 0 stops at the first failure, else the paper's measure
+  uint64_t fill_shuffle_seed = 0;  // fill: 0 keeps file order
+  std::optional<double> load;      // empty: arrival times as recorded
   bool skip_invalid = false;
   int64_t limit = 0;
   bool json = false;
