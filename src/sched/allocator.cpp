@@ -1,6 +1,8 @@
 #include "sched/allocator.h"
 
 #include <algorithm>
+#include <array>
+#include <functional>
 #include <limits>
 #include <stdexcept>
 #include <unordered_map>
@@ -665,6 +667,8 @@ void Allocator::SetTargetWorkload(const std::vector<TaskClass>& classes) {
     auto it = std::find_if(fgd_groups_.begin(), fgd_groups_.end(), same);
     if (it == fgd_groups_.end()) it = fgd_groups_.insert(fgd_groups_.end(), std::move(group));
     it->weight += c.weight;
+    it->max_cpu = std::max(it->max_cpu, c.cpu_milli_per_task);
+    it->max_memory = std::max(it->max_memory, c.memory_mib_per_task);
     it->members.push_back(
         {.cpu = c.cpu_milli_per_task, .memory = c.memory_mib_per_task, .weight = c.weight});
   }
@@ -674,23 +678,48 @@ int64_t Allocator::NodeFragmentation(int32_t node, const MilliGpu* free, MilliCp
                                      MiB free_memory) const {
   const NodeState& s = nodes_[static_cast<size_t>(node)];
   if (!s.schedulable) return 0;
+  // The usable GPUs' free shares, largest first, and their running sums: a group without GPU
+  // constraints can use the first k of them, k found by a short scan.
+  std::array<MilliGpu, 16> sorted{};
+  std::array<int64_t, 17> sums{};
+  int32_t count = 0;
+  const bool small = s.gpu_count <= static_cast<int32_t>(sorted.size());
   int64_t total = 0;  // free milli-GPUs of the node's usable GPUs
-  for (int32_t i = 0; i < s.gpu_count; ++i)
-    if (gpu_usable_[static_cast<size_t>(s.gpu_begin + i)]) total += free[i];
+  for (int32_t i = 0; i < s.gpu_count; ++i) {
+    if (!gpu_usable_[static_cast<size_t>(s.gpu_begin + i)]) continue;
+    total += free[i];
+    if (small) sorted[static_cast<size_t>(count++)] = free[i];
+  }
   if (total == 0) return 0;
+  if (small) {
+    std::sort(sorted.begin(), sorted.begin() + count, std::greater<>());
+    for (int32_t i = 0; i < count; ++i)
+      sums[static_cast<size_t>(i) + 1] =
+          sums[static_cast<size_t>(i)] + sorted[static_cast<size_t>(i)];
+  }
   int64_t fragmentation = fgd_cpu_only_weight_ * total;
   for (const FgdGroup& group : fgd_groups_) {
     // The free GPUs this group can use: eligible, with at least its per-GPU demand free.
     int32_t usable = 0;
     int64_t usable_free = 0;
-    for (int32_t i = 0; i < s.gpu_count; ++i) {
-      if (free[i] >= group.per_gpu && GpuEligible(s.gpu_begin + i, group.eligibility)) {
+    if (small && group.eligibility.unconstrained) {
+      while (usable < count && sorted[static_cast<size_t>(usable)] >= group.per_gpu)
         ++usable;
-        usable_free += free[i];
+      usable_free = sums[static_cast<size_t>(usable)];
+    } else {
+      for (int32_t i = 0; i < s.gpu_count; ++i) {
+        if (free[i] >= group.per_gpu && GpuEligible(s.gpu_begin + i, group.eligibility)) {
+          ++usable;
+          usable_free += free[i];
+        }
       }
     }
     if (usable < group.gpus) {  // no member fits: every free GPU is a fragment to all of them
       fragmentation += group.weight * total;
+      continue;
+    }
+    if (group.max_cpu <= free_cpu && group.max_memory <= free_memory) {  // every member fits
+      fragmentation += group.weight * (total - usable_free);
       continue;
     }
     for (const FgdMember& m : group.members) {
@@ -737,8 +766,8 @@ Allocator::FgdChoice Allocator::EvaluateFgd(int32_t node, const JobSpec& spec,
   const MiB memory_after = s.free_memory - spec.memory_mib_per_task;
   const int64_t before = NodeFragmentationNow(node);
   // The node's free shares after the placement, edited in place for each candidate.
-  std::vector<MilliGpu> free(gpu_free_.begin() + s.gpu_begin,
-                             gpu_free_.begin() + s.gpu_begin + s.gpu_count);
+  std::vector<MilliGpu>& free = fgd_scratch_;
+  free.assign(gpu_free_.begin() + s.gpu_begin, gpu_free_.begin() + s.gpu_begin + s.gpu_count);
   if (spec.gpu_milli_per_task == 0) {
     choice.fits = true;
     choice.delta = NodeFragmentation(node, free.data(), cpu_after, memory_after) - before;
@@ -813,16 +842,23 @@ int32_t Allocator::ChooseFgdNode(const JobSpec& spec, const Eligibility& e, int3
   // Ties are common (placements that change no class's view of a node score alike); breaking
   // them as best fit does keeps emptier nodes whole for what comes later.
   int32_t best = -1;
+  int64_t best_delta = 0;
+  int64_t best_free = -1;  // the best node's free milli-GPUs, computed on the first tie
   for (int32_t n = 0; n < static_cast<int32_t>(nodes_.size()); ++n) {
     FgdChoice& choice = choices[static_cast<size_t>(n)];
     if (choice.version != node_version_[static_cast<size_t>(n)]) choice = EvaluateFgd(n, spec, e);
     if (!choice.fits) continue;
-    if (best < 0 || choice.delta < choices[static_cast<size_t>(best)].delta) {
-      best = n;
-    } else if (choice.delta == choices[static_cast<size_t>(best)].delta &&
-               NodeFreeMilli(n) < NodeFreeMilli(best)) {
-      best = n;
+    if (best >= 0 && choice.delta > best_delta) continue;
+    if (best >= 0 && choice.delta == best_delta) {
+      if (best_free < 0) best_free = NodeFreeMilli(best);
+      const int64_t free = NodeFreeMilli(n);
+      if (free >= best_free) continue;
+      best_free = free;
+    } else {
+      best_free = -1;
     }
+    best = n;
+    best_delta = choice.delta;
   }
   if (best >= 0 && gpu != nullptr) *gpu = choices[static_cast<size_t>(best)].gpu;
   return best;

@@ -139,7 +139,9 @@ class Allocator {
     MilliGpu per_gpu = 0;  // demand on each GPU it uses: the share, or 1000 for whole GPUs
     int32_t gpus = 1;      // GPUs with that much free it needs on one node
     Eligibility eligibility;
-    int64_t weight = 0;  // of all members
+    int64_t weight = 0;    // of all members
+    MilliCpu max_cpu = 0;  // of the members: a node with this much free holds every one
+    MiB max_memory = 0;
     std::vector<FgdMember> members;
   };
   // The node's fragmentation (in milli-GPU x weight) were its GPUs' free shares `free` (one per
@@ -220,6 +222,7 @@ class Allocator {
   };
   std::unordered_map<FgdShapeKey, size_t, FgdShapeHash> fgd_shape_ids_;
   std::vector<std::vector<FgdChoice>> fgd_choices_;  // [shape id][node]
+  std::vector<MilliGpu> fgd_scratch_;                // one node's free shares, being evaluated
 };
 
 }  // namespace gpufleet::sched
