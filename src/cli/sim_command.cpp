@@ -136,6 +136,8 @@ RunPlan PlanRun(const SimArgs& args, sched::QueueOrder order, const std::string&
       ParseChoice<sim::SimMode>("mode", args.mode, sim::ParseSimMode, sim::SimModeNames());
   plan.options.fill_arrived = args.fill_arrived;
   plan.options.fill_shuffle_seed = args.fill_shuffle_seed;
+  plan.options.fgd_weight = ParseChoice<sched::WorkloadWeight>(
+      "FGD weight", args.fgd_weight, sched::ParseWorkloadWeight, sched::WorkloadWeightNames());
   if (args.estimates.empty()) {
     // SJF and EASY backfill rank and reserve by run time; without an estimate they degrade to
     // FIFO order, so they get the oracle unless told otherwise.
@@ -387,6 +389,10 @@ CLI::App* AddSimCommand(CLI::App& app, SimArgs& args) {
       ->capture_default_str();
   sim->add_option("--shuffle", args.fill_shuffle_seed,
                   "Fill mode: shuffle the pod list with this seed on every pass (0: file order)")
+      ->capture_default_str();
+  sim->add_option("--fgd-weight", args.fgd_weight,
+                  "How FGD weighs the trace's task shapes into its target workload: tasks (the "
+                  "paper's popularity), gpus (a task of k whole GPUs counts k times)")
       ->capture_default_str();
   sim->add_option_function<double>(
       "--load", [&args](double load) { args.load = load; },

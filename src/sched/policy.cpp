@@ -1,5 +1,6 @@
 #include "sched/policy.h"
 
+#include <algorithm>
 #include <array>
 #include <map>
 #include <tuple>
@@ -46,6 +47,10 @@ constexpr std::array<std::pair<PlacementPolicy, const char*>, 3> kPlacements{{
     {PlacementPolicy::kSpread, "spread"},
     {PlacementPolicy::kFgd, "fgd"},
 }};
+constexpr std::array<std::pair<WorkloadWeight, const char*>, 2> kWorkloadWeights{{
+    {WorkloadWeight::kTasks, "tasks"},
+    {WorkloadWeight::kGpus, "gpus"},
+}};
 
 }  // namespace
 
@@ -77,7 +82,7 @@ std::vector<std::string> PlacementPolicyNames() {
   return NamesIn(kPlacements);
 }
 
-std::vector<TaskClass> TargetWorkloadOf(std::span<const JobSpec> jobs) {
+std::vector<TaskClass> TargetWorkloadOf(std::span<const JobSpec> jobs, WorkloadWeight weight) {
   using Key = std::tuple<MilliGpu, MilliCpu, MiB, MiB, std::vector<std::string>>;
   std::map<Key, size_t> index;  // shape -> position in `classes`
   std::vector<TaskClass> classes;
@@ -93,9 +98,21 @@ std::vector<TaskClass> TargetWorkloadOf(std::span<const JobSpec> jobs) {
                          .min_gpu_memory_mib = spec.min_gpu_memory_mib,
                          .weight = 0});
     }
-    classes[it->second].weight += spec.tasks;
+    const int64_t per_task =
+        weight == WorkloadWeight::kGpus ? std::max(1, spec.WholeGpusPerTask()) : 1;
+    classes[it->second].weight += per_task * spec.tasks;
   }
   return classes;
+}
+
+std::optional<WorkloadWeight> ParseWorkloadWeight(std::string_view name) {
+  return Lookup(kWorkloadWeights, name);
+}
+const char* Name(WorkloadWeight weight) {
+  return NameIn(kWorkloadWeights, weight);
+}
+std::vector<std::string> WorkloadWeightNames() {
+  return NamesIn(kWorkloadWeights);
 }
 
 Backfill DefaultBackfill(QueueOrder order) {

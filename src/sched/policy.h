@@ -53,9 +53,22 @@ struct TaskClass {
   friend bool operator==(const TaskClass&, const TaskClass&) = default;
 };
 
+// How TargetWorkloadOf weighs a task shape.
+enum class WorkloadWeight {
+  kTasks,  // by its number of tasks: the paper's popularity (a random task)
+  // By the GPUs its tasks ask for, a task of k whole GPUs counting k times and any other task once:
+  // a rare 8-GPU task weighs as much as eight 1-GPU tasks, so FGD does not sacrifice the room it
+  // needs for many small ones.
+  kGpus,
+};
+
 // The target workload of these jobs: one class per distinct task shape, weighted by the number of
-// tasks (a gang of k tasks counts k times), in order of first appearance.
-std::vector<TaskClass> TargetWorkloadOf(std::span<const JobSpec> jobs);
+// tasks (a gang of k tasks counts k times) or their GPUs, in order of first appearance.
+std::vector<TaskClass> TargetWorkloadOf(std::span<const JobSpec> jobs,
+                                        WorkloadWeight weight = WorkloadWeight::kTasks);
+std::optional<WorkloadWeight> ParseWorkloadWeight(std::string_view name);
+const char* Name(WorkloadWeight weight);
+std::vector<std::string> WorkloadWeightNames();
 
 struct SchedulerConfig {
   QueueOrder order = QueueOrder::kFifo;

@@ -771,12 +771,12 @@ std::vector<TimeSeriesPoint> Downsample(const std::vector<TimeSeriesPoint>& seri
   return out;
 }
 
-std::vector<sched::TaskClass> TargetWorkloadOf(const Trace& trace) {
+std::vector<sched::TaskClass> TargetWorkloadOf(const Trace& trace, sched::WorkloadWeight weight) {
   std::vector<JobSpec> specs;
   specs.reserve(trace.jobs.size());
   for (const TraceJob& job : trace.jobs)
     specs.push_back(job.spec);
-  return sched::TargetWorkloadOf(specs);
+  return sched::TargetWorkloadOf(specs, weight);
 }
 
 SimResult Simulate(const Cluster& cluster, const Trace& trace, const sched::SchedulerConfig& config,
@@ -784,7 +784,7 @@ SimResult Simulate(const Cluster& cluster, const Trace& trace, const sched::Sche
   // FGD needs the workload's task distribution; the paper takes the replayed trace's shapes.
   if (config.placement == sched::PlacementPolicy::kFgd && config.target_workload.empty()) {
     sched::SchedulerConfig with_workload = config;
-    with_workload.target_workload = TargetWorkloadOf(trace);
+    with_workload.target_workload = TargetWorkloadOf(trace, options.fgd_weight);
     return Simulate(cluster, trace, with_workload, options);
   }
   if (options.mode == SimMode::kFill) return Fill(cluster, trace, config, options);

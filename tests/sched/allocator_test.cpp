@@ -660,6 +660,14 @@ TEST(TargetWorkload, OneClassPerTaskShapeWeightedByTasks) {
   EXPECT_EQ(classes[0], Class(500, 3));
   EXPECT_EQ(classes[1], Class(500, 1, 4000));
   EXPECT_EQ(classes[2], Class(8000, 1));
+  // Weighed by GPUs: a task of k whole GPUs counts k times, any other task once.
+  const std::vector<TaskClass> by_gpus = TargetWorkloadOf(jobs, WorkloadWeight::kGpus);
+  ASSERT_EQ(by_gpus.size(), 3u);
+  EXPECT_EQ(by_gpus[0].weight, 3);
+  EXPECT_EQ(by_gpus[1].weight, 1);
+  EXPECT_EQ(by_gpus[2].weight, 8);
+  EXPECT_EQ(ParseWorkloadWeight("gpus"), WorkloadWeight::kGpus);
+  EXPECT_STREQ(Name(WorkloadWeight::kTasks), "tasks");
   EXPECT_EQ(ParsePlacementPolicy("fgd"), PlacementPolicy::kFgd);
   EXPECT_STREQ(Name(PlacementPolicy::kFgd), "fgd");
 }

@@ -457,7 +457,8 @@ TEST(Fill, ShuffleIsDeterministicPerSeed) {
   EXPECT_NE(a.fill.stop->line, in_order.fill.stop->line);
 }
 
-// FGD in fill mode takes the trace's own task distribution when the config has none.
+// FGD in fill mode takes the trace's own task distribution when the config has none, weighed as
+// SimOptions::fgd_weight says.
 TEST(Fill, FgdTargetWorkloadDefaultsToTheTrace) {
   const std::string dir = std::string(GPUFLEET_TRACES_DIR) + "/alibaba-gpu-v2023";
   if (!std::filesystem::exists(dir)) GTEST_SKIP() << "no " << dir;
@@ -471,7 +472,7 @@ TEST(Fill, FgdTargetWorkloadDefaultsToTheTrace) {
   SimOptions options = Options();
   options.mode = SimMode::kFill;
   const SimResult implicit = Simulate(cluster, trace, config, options);
-  config.target_workload = TargetWorkloadOf(trace);
+  config.target_workload = TargetWorkloadOf(trace, options.fgd_weight);
   const SimResult given = Simulate(cluster, trace, config, options);
   EXPECT_EQ(implicit.fill.allocated_gpu_milli, given.fill.allocated_gpu_milli);
   EXPECT_EQ(implicit.fill.pods_placed, given.fill.pods_placed);
@@ -493,15 +494,19 @@ TEST(Fill, FgdLeavesFewerGpusUnallocatedThanBestFitOnAlibabaPods) {
       ReadTrace(dir + "/openb_pod_list_gpushare40.csv", TraceFormat::kAlibabaPods, ReadOptions{});
   RemoveInfeasibleJobs(cluster, trace, true);
   for (double arrived : {0.0, 1.0}) {
-    SimOptions options = Options();
-    options.mode = SimMode::kFill;
-    options.fill_arrived = arrived;
-    sched::SchedulerConfig config = Config(sched::QueueOrder::kFifo, sched::Backfill::kNone);
-    const SimResult best_fit = Simulate(cluster, trace, config, options);
-    config.placement = sched::PlacementPolicy::kFgd;
-    const SimResult fgd = Simulate(cluster, trace, config, options);
-    EXPECT_GT(fgd.fill.allocated_gpu_milli, best_fit.fill.allocated_gpu_milli) << arrived;
-    EXPECT_LT(fgd.fill.fragmented_gpu_milli, best_fit.fill.fragmented_gpu_milli) << arrived;
+    for (sched::WorkloadWeight weight :
+         {sched::WorkloadWeight::kTasks, sched::WorkloadWeight::kGpus}) {
+      SimOptions options = Options();
+      options.mode = SimMode::kFill;
+      options.fill_arrived = arrived;
+      options.fgd_weight = weight;
+      sched::SchedulerConfig config = Config(sched::QueueOrder::kFifo, sched::Backfill::kNone);
+      const SimResult best_fit = Simulate(cluster, trace, config, options);
+      config.placement = sched::PlacementPolicy::kFgd;
+      const SimResult fgd = Simulate(cluster, trace, config, options);
+      EXPECT_GT(fgd.fill.allocated_gpu_milli, best_fit.fill.allocated_gpu_milli) << arrived;
+      EXPECT_LT(fgd.fill.fragmented_gpu_milli, best_fit.fill.fragmented_gpu_milli) << arrived;
+    }
   }
 }
 
