@@ -145,6 +145,10 @@ RunPlan PlanRun(const SimArgs& args, sched::QueueOrder order, const std::string&
   plan.options.grace_period_ms = std::llround(args.grace_period_s * kMsPerSecond);
   plan.options.mode =
       ParseChoice<sim::SimMode>("mode", args.mode, sim::ParseSimMode, sim::SimModeNames());
+  plan.options.fill_arrived = args.fill_arrived;
+  plan.options.fill_shuffle_seed = args.fill_shuffle_seed;
+  plan.options.fgd_weight = ParseChoice<sched::WorkloadWeight>(
+      "FGD weight", args.fgd_weight, sched::ParseWorkloadWeight, sched::WorkloadWeightNames());
   if (args.estimates.empty()) {
     // SJF and EASY backfill rank and reserve by run time; without an estimate they degrade to
     // FIFO order, so they get the oracle unless told otherwise.
@@ -177,6 +181,8 @@ void CheckNumbers(const SimArgs& args) {
   if (args.load && !(*args.load > 0 && std::isfinite(*args.load)))
     throw UsageError("--load must be a positive factor");
   if (args.limit < 0) throw UsageError("--limit must not be negative");
+  if (args.fill_arrived < 0 || !std::isfinite(args.fill_arrived))
+    throw UsageError("--arrived must be a non-negative fraction of the usable GPUs");
   int64_t previous = 0;
   for (int64_t limit : args.las_limits_gpu_s) {
     if (limit <= previous)
@@ -391,6 +397,18 @@ CLI::App* AddSimCommand(CLI::App& app, SimArgs& args) {
                   "Runtime estimates: none, oracle (default: oracle for sjf and easy backfill)");
   sim->add_option("--mode", args.mode,
                   "replay: arrivals and completions; fill: place pods until a GPU pod fails (FGD)")
+      ->capture_default_str();
+  sim->add_option("--arrived", args.fill_arrived,
+                  "Fill mode, the FGD paper's measure: skip pods that do not fit and stop once the "
+                  "arrived pods asked for this many times the usable GPUs (1 = 100 %); 0 stops at "
+                  "the first GPU pod that does not fit")
+      ->capture_default_str();
+  sim->add_option("--shuffle", args.fill_shuffle_seed,
+                  "Fill mode: shuffle the pod list with this seed on every pass (0: file order)")
+      ->capture_default_str();
+  sim->add_option("--fgd-weight", args.fgd_weight,
+                  "How FGD weighs the trace's task shapes into its target workload: tasks (the "
+                  "paper's popularity), gpus (a task of k whole GPUs counts k times)")
       ->capture_default_str();
   sim->add_option_function<double>(
       "--load", [&args](double load) { args.load = load; },

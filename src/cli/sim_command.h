@@ -34,7 +34,10 @@ struct SimArgs {
   std::string fair_share_half_life = "7d";  // fairshare: how fast usage is forgotten
   std::string estimates;                    // empty: oracle for sjf and EASY backfill, else none
   std::string mode = "replay";
-  std::optional<double> load;  // empty: arrival times as recorded
+  double fill_arrived = 0;          // fill: 0 stops at the first failure, else the paper's measure
+  uint64_t fill_shuffle_seed = 0;   // fill: 0 keeps file order
+  std::string fgd_weight = "gpus";  // how FGD weighs the trace's task shapes
+  std::optional<double> load;       // empty: arrival times as recorded
   bool skip_invalid = false;
   int64_t limit = 0;
   bool json = false;

@@ -1,6 +1,8 @@
 #include "sched/allocator.h"
 
 #include <algorithm>
+#include <array>
+#include <functional>
 #include <limits>
 #include <stdexcept>
 #include <unordered_map>
@@ -54,6 +56,8 @@ Allocator::Allocator(const Cluster& cluster) : cluster_(cluster) {
     }
   }
   free_gpu_milli_total_ = usable_gpu_milli_total_;
+  node_version_.assign(nodes_.size(), 1);
+  node_fragmentation_.assign(nodes_.size(), {0, 0});
   model_names_.resize(model_ids.size());
   for (const auto& [name, id] : model_ids)
     model_names_[static_cast<size_t>(id)] = name;
@@ -133,6 +137,7 @@ void Allocator::ChangeGpuFree(int32_t flat_gpu, MilliGpu delta) {
   const MilliGpu before = gpu_free_[g];
   const MilliGpu after = before + delta;
   gpu_free_[g] = after;
+  Touch(gpu_node_[g]);
   if (!gpu_usable_[g]) return;
   free_gpu_milli_total_ += delta;
   const int32_t node = gpu_node_[g];
@@ -187,6 +192,7 @@ void Allocator::Commit(const JobSpec& spec, const Allocation& allocation) {
     }
     state.free_cpu -= spec.cpu_milli_per_task;
     state.free_memory -= spec.memory_mib_per_task;
+    Touch(task.node);
   }
 }
 
@@ -195,6 +201,7 @@ void Allocator::Release(const JobSpec& spec, const Allocation& allocation) {
     NodeState& state = nodes_[static_cast<size_t>(task.node)];
     state.free_cpu += spec.cpu_milli_per_task;
     state.free_memory += spec.memory_mib_per_task;
+    Touch(task.node);
     for (const GpuShare& share : task.gpus)
       ReturnGpuMilli(state.gpu_begin + share.gpu, share.milli);
   }
@@ -254,7 +261,15 @@ std::optional<Allocation> Allocator::Place(const JobSpec& spec, PlacementPolicy 
   const Eligibility e = EligibilityOf(spec);
   // GPU constraints bind only jobs that take GPUs, as in WhyNeverFits.
   if (spec.gpu_milli_per_task > 0 && !e.any_model_known) return std::nullopt;
-  if (spec.WholeGpusPerTask() > 0) return PlaceWholeGang(spec, e, policy);
+  // FGD without a target workload has nothing to measure fragmentation against: best fit.
+  if (policy == PlacementPolicy::kFgd && fgd_groups_.empty() && fgd_cpu_only_weight_ == 0)
+    policy = PlacementPolicy::kBinPack;
+  if (spec.WholeGpusPerTask() > 0) {
+    // FGD chooses the node of a single-node task. Gangs over several nodes keep best fit's
+    // rack- and spine-local placement: the paper's tasks are single pods.
+    if (policy == PlacementPolicy::kFgd && spec.tasks > 1) policy = PlacementPolicy::kBinPack;
+    return PlaceWholeGang(spec, e, policy);
+  }
 
   // Shared-GPU and CPU-only gangs are placed task by task and rolled back on failure.
   Allocation allocation;
@@ -280,6 +295,16 @@ std::optional<Allocation> Allocator::PlaceWholeGang(const JobSpec& spec, const E
 
   // Say no before scanning any node when even all of them together cannot hold the gang.
   if (WholeGpuTasksAtMost(per_task) < spec.tasks) return std::nullopt;
+
+  if (policy == PlacementPolicy::kFgd) {  // a single task (Place)
+    const int32_t node = ChooseFgdNode(spec, e, nullptr);
+    if (node < 0) return std::nullopt;
+    Allocation allocation{TakeWholeGpus(node, spec, e)};
+    nodes_[static_cast<size_t>(node)].free_cpu -= spec.cpu_milli_per_task;
+    nodes_[static_cast<size_t>(node)].free_memory -= spec.memory_mib_per_task;
+    Touch(node);
+    return allocation;
+  }
 
   // 1. One node for the whole gang: best fit scans buckets from the smallest that can hold it.
   if (total <= max_gpus_per_node_) {
@@ -337,6 +362,7 @@ std::optional<Allocation> Allocator::PlaceWholeGang(const JobSpec& spec, const E
       allocation.push_back(TakeWholeGpus(node, spec, e));
     nodes_[static_cast<size_t>(node)].free_cpu -= spec.cpu_milli_per_task * count;
     nodes_[static_cast<size_t>(node)].free_memory -= spec.memory_mib_per_task * count;
+    Touch(node);
   }
   return allocation;
 }
@@ -385,7 +411,8 @@ std::optional<std::vector<std::pair<int32_t, int32_t>>> Allocator::SpreadOverNod
   return chosen;
 }
 
-TaskPlacement Allocator::TakeWholeGpus(int32_t node, const JobSpec& spec, const Eligibility& e) {
+std::vector<int32_t> Allocator::ChooseWholeGpus(int32_t node, const JobSpec& spec,
+                                                const Eligibility& e) const {
   const NodeState& state = nodes_[static_cast<size_t>(node)];
   const int32_t want = spec.WholeGpusPerTask();
   // Free eligible GPUs per NVLink island, in GPU order.
@@ -409,17 +436,25 @@ TaskPlacement Allocator::TakeWholeGpus(int32_t node, const JobSpec& spec, const 
     if (a_fits != b_fits) return a_fits;
     return a_fits ? a.second.size() < b.second.size() : a.second.size() > b.second.size();
   });
-  TaskPlacement task{.node = node, .gpus = {}};
-  task.gpus.reserve(static_cast<size_t>(want));
+  std::vector<int32_t> chosen;
+  chosen.reserve(static_cast<size_t>(want));
   for (const auto& island : islands) {
     for (int32_t g : island.second) {
-      if (static_cast<int32_t>(task.gpus.size()) == want) break;
-      task.gpus.push_back({.gpu = g - state.gpu_begin, .milli = kMilliPerGpu});
-      TakeGpuMilli(g, kMilliPerGpu);
+      if (static_cast<int32_t>(chosen.size()) == want) break;
+      chosen.push_back(g);
     }
   }
-  std::sort(task.gpus.begin(), task.gpus.end(),
-            [](const GpuShare& a, const GpuShare& b) { return a.gpu < b.gpu; });
+  std::sort(chosen.begin(), chosen.end());
+  return chosen;
+}
+
+TaskPlacement Allocator::TakeWholeGpus(int32_t node, const JobSpec& spec, const Eligibility& e) {
+  const int32_t begin = nodes_[static_cast<size_t>(node)].gpu_begin;
+  TaskPlacement task{.node = node, .gpus = {}};
+  for (int32_t g : ChooseWholeGpus(node, spec, e)) {
+    task.gpus.push_back({.gpu = g - begin, .milli = kMilliPerGpu});
+    TakeGpuMilli(g, kMilliPerGpu);
+  }
   return task;
 }
 
@@ -478,7 +513,9 @@ bool Allocator::PlaceSharedTask(const JobSpec& spec, const Eligibility& e, Place
   };
   // Best fit fills shared GPUs before opening a whole one. Spread is worst fit: the GPU with the
   // most room, which is a whole free GPU whenever one is left.
-  if (policy == PlacementPolicy::kBinPack) {
+  if (policy == PlacementPolicy::kFgd) {
+    best_node = ChooseFgdNode(spec, e, &best_gpu);
+  } else if (policy == PlacementPolicy::kBinPack) {
     find_shared_gpu();
     if (best_gpu < 0) find_whole_gpu();
   } else {
@@ -490,6 +527,7 @@ bool Allocator::PlaceSharedTask(const JobSpec& spec, const Eligibility& e, Place
   TakeGpuMilli(best_gpu, want);
   s.free_cpu -= spec.cpu_milli_per_task;
   s.free_memory -= spec.memory_mib_per_task;
+  Touch(best_node);
   allocation.push_back(
       {.node = best_node, .gpus = {{.gpu = best_gpu - s.gpu_begin, .milli = want}}});
   return true;
@@ -498,7 +536,10 @@ bool Allocator::PlaceSharedTask(const JobSpec& spec, const Eligibility& e, Place
 bool Allocator::PlaceCpuOnlyTask(const JobSpec& spec, PlacementPolicy policy,
                                  Allocation& allocation) {
   int32_t best = -1;
-  for (int32_t n = 0; n < static_cast<int32_t>(nodes_.size()); ++n) {
+  // FGD: CPU and memory taken from a node can keep GPU tasks off its free GPUs.
+  if (policy == PlacementPolicy::kFgd) best = ChooseFgdNode(spec, Eligibility{}, nullptr);
+  for (int32_t n = 0; n < static_cast<int32_t>(nodes_.size()) && policy != PlacementPolicy::kFgd;
+       ++n) {
     const NodeState& s = nodes_[static_cast<size_t>(n)];
     if (!s.schedulable || s.free_cpu < spec.cpu_milli_per_task ||
         s.free_memory < spec.memory_mib_per_task)
@@ -516,6 +557,7 @@ bool Allocator::PlaceCpuOnlyTask(const JobSpec& spec, PlacementPolicy policy,
   NodeState& s = nodes_[static_cast<size_t>(best)];
   s.free_cpu -= spec.cpu_milli_per_task;
   s.free_memory -= spec.memory_mib_per_task;
+  Touch(best);
   allocation.push_back({.node = best, .gpus = {}});
   return true;
 }
@@ -578,6 +620,248 @@ std::optional<WaitReason> Allocator::WhyNeverFits(const JobSpec& spec) const {
   if (!any_node) return WaitReason::kInfeasibleTaskShape;
   if (tasks < spec.tasks) return WaitReason::kInfeasibleGpuCount;
   return std::nullopt;
+}
+
+// ---- FGD: fragmentation gradient descent (Weng et al., USENIX ATC'23) ----
+
+size_t Allocator::FgdShapeHash::operator()(const FgdShapeKey& key) const {
+  size_t h = std::hash<int64_t>{}(key.gpu);
+  auto mix = [&h](size_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
+  mix(std::hash<int64_t>{}(key.cpu));
+  mix(std::hash<int64_t>{}(key.memory));
+  mix(std::hash<int64_t>{}(key.min_gpu_memory));
+  for (const std::string& model : key.models)
+    mix(std::hash<std::string>{}(model));
+  return h;
+}
+
+void Allocator::SetTargetWorkload(const std::vector<TaskClass>& classes) {
+  if (classes == fgd_classes_) return;
+  fgd_classes_ = classes;
+  fgd_groups_.clear();
+  fgd_cpu_only_weight_ = 0;
+  fgd_shape_ids_.clear();
+  fgd_choices_.clear();
+  // Fragmentations cached for the old workload are stale: versions restart above every old one.
+  const uint32_t next = *std::max_element(node_version_.begin(), node_version_.end()) + 1;
+  node_version_.assign(nodes_.size(), next);
+  for (const TaskClass& c : classes) {
+    if (c.weight <= 0) continue;
+    if (c.gpu_milli_per_task <= 0) {
+      fgd_cpu_only_weight_ += c.weight;
+      continue;
+    }
+    JobSpec spec;
+    spec.gpu_milli_per_task = c.gpu_milli_per_task;
+    spec.gpu_models = c.gpu_models;
+    spec.min_gpu_memory_mib = c.min_gpu_memory_mib;
+    FgdGroup group;
+    group.per_gpu = std::min(c.gpu_milli_per_task, kMilliPerGpu);
+    group.gpus = spec.Fractional() ? 1 : spec.WholeGpusPerTask();
+    group.eligibility = EligibilityOf(spec);
+    auto same = [&](const FgdGroup& g) {
+      return g.per_gpu == group.per_gpu && g.gpus == group.gpus &&
+             g.eligibility.model_mask == group.eligibility.model_mask &&
+             g.eligibility.min_memory == group.eligibility.min_memory;
+    };
+    auto it = std::find_if(fgd_groups_.begin(), fgd_groups_.end(), same);
+    if (it == fgd_groups_.end()) it = fgd_groups_.insert(fgd_groups_.end(), std::move(group));
+    it->weight += c.weight;
+    it->max_cpu = std::max(it->max_cpu, c.cpu_milli_per_task);
+    it->max_memory = std::max(it->max_memory, c.memory_mib_per_task);
+    it->members.push_back(
+        {.cpu = c.cpu_milli_per_task, .memory = c.memory_mib_per_task, .weight = c.weight});
+  }
+}
+
+int64_t Allocator::NodeFragmentation(int32_t node, const MilliGpu* free, MilliCpu free_cpu,
+                                     MiB free_memory) const {
+  const NodeState& s = nodes_[static_cast<size_t>(node)];
+  if (!s.schedulable) return 0;
+  // The usable GPUs' free shares, largest first, and their running sums: a group without GPU
+  // constraints can use the first k of them, k found by a short scan.
+  std::array<MilliGpu, 16> sorted{};
+  std::array<int64_t, 17> sums{};
+  int32_t count = 0;
+  const bool small = s.gpu_count <= static_cast<int32_t>(sorted.size());
+  int64_t total = 0;  // free milli-GPUs of the node's usable GPUs
+  for (int32_t i = 0; i < s.gpu_count; ++i) {
+    if (!gpu_usable_[static_cast<size_t>(s.gpu_begin + i)]) continue;
+    total += free[i];
+    if (small) sorted[static_cast<size_t>(count++)] = free[i];
+  }
+  if (total == 0) return 0;
+  if (small) {
+    std::sort(sorted.begin(), sorted.begin() + count, std::greater<>());
+    for (int32_t i = 0; i < count; ++i)
+      sums[static_cast<size_t>(i) + 1] =
+          sums[static_cast<size_t>(i)] + sorted[static_cast<size_t>(i)];
+  }
+  int64_t fragmentation = fgd_cpu_only_weight_ * total;
+  for (const FgdGroup& group : fgd_groups_) {
+    // The free GPUs this group can use: eligible, with at least its per-GPU demand free.
+    int32_t usable = 0;
+    int64_t usable_free = 0;
+    if (small && group.eligibility.unconstrained) {
+      while (usable < count && sorted[static_cast<size_t>(usable)] >= group.per_gpu)
+        ++usable;
+      usable_free = sums[static_cast<size_t>(usable)];
+    } else {
+      for (int32_t i = 0; i < s.gpu_count; ++i) {
+        if (free[i] >= group.per_gpu && GpuEligible(s.gpu_begin + i, group.eligibility)) {
+          ++usable;
+          usable_free += free[i];
+        }
+      }
+    }
+    if (usable < group.gpus) {  // no member fits: every free GPU is a fragment to all of them
+      fragmentation += group.weight * total;
+      continue;
+    }
+    if (group.max_cpu <= free_cpu && group.max_memory <= free_memory) {  // every member fits
+      fragmentation += group.weight * (total - usable_free);
+      continue;
+    }
+    for (const FgdMember& m : group.members) {
+      const bool fits = m.cpu <= free_cpu && m.memory <= free_memory;
+      fragmentation += m.weight * (fits ? total - usable_free : total);
+    }
+  }
+  return fragmentation;
+}
+
+int64_t Allocator::NodeFragmentationNow(int32_t node) {
+  auto& [version, value] = node_fragmentation_[static_cast<size_t>(node)];
+  const uint32_t now = node_version_[static_cast<size_t>(node)];
+  if (version != now) {
+    const NodeState& s = nodes_[static_cast<size_t>(node)];
+    value = NodeFragmentation(node, gpu_free_.data() + s.gpu_begin, s.free_cpu, s.free_memory);
+    version = now;
+  }
+  return value;
+}
+
+double Allocator::Fragmentation() const {
+  int64_t weight = fgd_cpu_only_weight_;
+  for (const FgdGroup& group : fgd_groups_)
+    weight += group.weight;
+  if (weight == 0) return 0;
+  int64_t sum = 0;
+  for (int32_t n = 0; n < static_cast<int32_t>(nodes_.size()); ++n) {
+    const NodeState& s = nodes_[static_cast<size_t>(n)];
+    sum += NodeFragmentation(n, gpu_free_.data() + s.gpu_begin, s.free_cpu, s.free_memory);
+  }
+  return static_cast<double>(sum) / static_cast<double>(weight);
+}
+
+Allocator::FgdChoice Allocator::EvaluateFgd(int32_t node, const JobSpec& spec,
+                                            const Eligibility& e) {
+  FgdChoice choice;
+  choice.version = node_version_[static_cast<size_t>(node)];
+  const NodeState& s = nodes_[static_cast<size_t>(node)];
+  if (!s.schedulable || s.free_cpu < spec.cpu_milli_per_task ||
+      s.free_memory < spec.memory_mib_per_task)
+    return choice;
+  const MilliCpu cpu_after = s.free_cpu - spec.cpu_milli_per_task;
+  const MiB memory_after = s.free_memory - spec.memory_mib_per_task;
+  const int64_t before = NodeFragmentationNow(node);
+  // The node's free shares after the placement, edited in place for each candidate.
+  std::vector<MilliGpu>& free = fgd_scratch_;
+  free.assign(gpu_free_.begin() + s.gpu_begin, gpu_free_.begin() + s.gpu_begin + s.gpu_count);
+  if (spec.gpu_milli_per_task == 0) {
+    choice.fits = true;
+    choice.delta = NodeFragmentation(node, free.data(), cpu_after, memory_after) - before;
+  } else if (!spec.Fractional()) {
+    if (EligibleFreeWhole(node, e) < spec.WholeGpusPerTask()) return choice;
+    // Which GPUs matters only across models or memory sizes; take the ones placement takes.
+    for (int32_t g : ChooseWholeGpus(node, spec, e))
+      free[static_cast<size_t>(g - s.gpu_begin)] = 0;
+    choice.fits = true;
+    choice.delta = NodeFragmentation(node, free.data(), cpu_after, memory_after) - before;
+  } else {
+    const MilliGpu want = spec.gpu_milli_per_task;
+    for (int32_t i = 0; i < s.gpu_count; ++i) {
+      const int32_t g = s.gpu_begin + i;
+      const MilliGpu had = free[static_cast<size_t>(i)];
+      if (had < want || !GpuEligible(g, e)) continue;
+      // An earlier GPU alike (same free share, model and memory) gives the same result.
+      bool seen = false;
+      for (int32_t j = 0; j < i && !seen; ++j) {
+        const int32_t h = s.gpu_begin + j;
+        seen = free[static_cast<size_t>(j)] == had && GpuEligible(h, e) &&
+               gpu_model_[static_cast<size_t>(h)] == gpu_model_[static_cast<size_t>(g)] &&
+               gpu_memory_[static_cast<size_t>(h)] == gpu_memory_[static_cast<size_t>(g)];
+      }
+      if (seen) continue;
+      free[static_cast<size_t>(i)] = had - want;
+      const int64_t delta = NodeFragmentation(node, free.data(), cpu_after, memory_after) - before;
+      free[static_cast<size_t>(i)] = had;
+      if (!choice.fits || delta < choice.delta) {
+        choice.fits = true;
+        choice.delta = delta;
+        choice.gpu = g;
+      }
+    }
+  }
+  return choice;
+}
+
+std::vector<Allocator::FgdChoice>& Allocator::FgdChoicesFor(const JobSpec& spec) {
+  FgdShapeKey key{.gpu = spec.gpu_milli_per_task,
+                  .cpu = spec.cpu_milli_per_task,
+                  .memory = spec.memory_mib_per_task,
+                  .min_gpu_memory = spec.min_gpu_memory_mib,
+                  .models = spec.gpu_models};
+  auto it = fgd_shape_ids_.find(key);
+  if (it == fgd_shape_ids_.end()) {
+    // Bounded memory for servers that see endless shapes: start over past a few hundred.
+    constexpr size_t kMaxCachedShapes = 256;
+    if (fgd_choices_.size() == kMaxCachedShapes) {
+      fgd_shape_ids_.clear();
+      fgd_choices_.clear();
+    }
+    it = fgd_shape_ids_.emplace(std::move(key), fgd_choices_.size()).first;
+    fgd_choices_.emplace_back(nodes_.size());
+  }
+  return fgd_choices_[it->second];
+}
+
+int64_t Allocator::NodeFreeMilli(int32_t node) const {
+  const NodeState& s = nodes_[static_cast<size_t>(node)];
+  int64_t sum = 0;
+  for (int32_t g = s.gpu_begin; g < s.gpu_begin + s.gpu_count; ++g)
+    sum += gpu_usable_[static_cast<size_t>(g)] ? gpu_free_[static_cast<size_t>(g)] : 0;
+  return sum;
+}
+
+int32_t Allocator::ChooseFgdNode(const JobSpec& spec, const Eligibility& e, int32_t* gpu) {
+  // A node's choice for this task shape changes only when the node does, so it is cached per
+  // shape and node and recomputed for the nodes changed since: a placement among ~1,500 nodes
+  // then costs a pass over the cache plus the few nodes that changed.
+  std::vector<FgdChoice>& choices = FgdChoicesFor(spec);
+  // Ties are common (placements that change no class's view of a node score alike); breaking
+  // them as best fit does keeps emptier nodes whole for what comes later.
+  int32_t best = -1;
+  int64_t best_delta = 0;
+  int64_t best_free = -1;  // the best node's free milli-GPUs, computed on the first tie
+  for (int32_t n = 0; n < static_cast<int32_t>(nodes_.size()); ++n) {
+    FgdChoice& choice = choices[static_cast<size_t>(n)];
+    if (choice.version != node_version_[static_cast<size_t>(n)]) choice = EvaluateFgd(n, spec, e);
+    if (!choice.fits) continue;
+    if (best >= 0 && choice.delta > best_delta) continue;
+    if (best >= 0 && choice.delta == best_delta) {
+      if (best_free < 0) best_free = NodeFreeMilli(best);
+      const int64_t free = NodeFreeMilli(n);
+      if (free >= best_free) continue;
+      best_free = free;
+    } else {
+      best_free = -1;
+    }
+    best = n;
+    best_delta = choice.delta;
+  }
+  if (best >= 0 && gpu != nullptr) *gpu = choices[static_cast<size_t>(best)].gpu;
+  return best;
 }
 
 }  // namespace gpufleet::sched

@@ -4,6 +4,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/cluster.h"
@@ -39,6 +40,17 @@ class Allocator {
   // Place certainly refuses a gang of more tasks, and this is exact for jobs without CPU, memory
   // or GPU-model constraints. O(GPUs per node).
   int64_t WholeGpuTasksAtMost(int32_t gpus_per_task) const;
+
+  // The target workload kFgd placement measures fragmentation against (SchedulerConfig::
+  // target_workload). Setting the one it already has keeps what was computed for it.
+  void SetTargetWorkload(const std::vector<TaskClass>& classes);
+  const std::vector<TaskClass>& target_workload() const { return fgd_classes_; }
+  // FGD's measure of fragmentation: the free milli-GPUs of usable GPUs that a task drawn from the
+  // target workload could not use, in expectation over its classes, summed over nodes. A task
+  // that cannot run on a node at all (CPU, memory, GPU count or model) cannot use any of its free
+  // GPUs; one that can cannot use the GPUs with less free than its per-GPU demand. Zero without a
+  // target workload. O(nodes x GPUs x classes).
+  double Fragmentation() const;
 
   int64_t FreeGpuMilli() const { return free_gpu_milli_total_; }
   const Cluster& cluster() const { return cluster_; }
@@ -112,6 +124,47 @@ class Allocator {
       PlacementPolicy policy) const;
   // Takes whole GPUs for one task on a node, preferring a single NVLink island.
   TaskPlacement TakeWholeGpus(int32_t node, const JobSpec& spec, const Eligibility& eligibility);
+  // The flat GPUs TakeWholeGpus would take, in GPU order.
+  std::vector<int32_t> ChooseWholeGpus(int32_t node, const JobSpec& spec,
+                                       const Eligibility& eligibility) const;
+
+  // FGD (PlacementPolicy::kFgd). The target workload's classes with a GPU demand, grouped by what
+  // they ask of GPUs, so that a node's GPUs are looked at once per group rather than per class.
+  struct FgdMember {
+    MilliCpu cpu = 0;
+    MiB memory = 0;
+    int64_t weight = 0;
+  };
+  struct FgdGroup {
+    MilliGpu per_gpu = 0;  // demand on each GPU it uses: the share, or 1000 for whole GPUs
+    int32_t gpus = 1;      // GPUs with that much free it needs on one node
+    Eligibility eligibility;
+    int64_t weight = 0;    // of all members
+    MilliCpu max_cpu = 0;  // of the members: a node with this much free holds every one
+    MiB max_memory = 0;
+    std::vector<FgdMember> members;
+  };
+  // The node's fragmentation (in milli-GPU x weight) were its GPUs' free shares `free` (one per
+  // GPU of the node) and its free CPU and memory these.
+  int64_t NodeFragmentation(int32_t node, const MilliGpu* free, MilliCpu free_cpu,
+                            MiB free_memory) const;
+  int64_t NodeFragmentationNow(int32_t node);
+  // How much placing one task of the job on the node would increase the node's fragmentation, and
+  // on which GPU for a shared task; `fits` false when the task does not fit there.
+  struct FgdChoice {
+    uint32_t version = 0;  // the node's version it was computed for; 0: never
+    bool fits = false;
+    int32_t gpu = -1;  // flat GPU, shared tasks only
+    int64_t delta = 0;
+  };
+  FgdChoice EvaluateFgd(int32_t node, const JobSpec& spec, const Eligibility& eligibility);
+  // The cached choice for the job's task shape on every node, recomputed for changed nodes only.
+  std::vector<FgdChoice>& FgdChoicesFor(const JobSpec& spec);
+  // The node for one task under FGD, or -1: the least increase of fragmentation; among equal
+  // increases best fit's choice, the node with the fewest free milli-GPUs, then the lowest node.
+  int32_t ChooseFgdNode(const JobSpec& spec, const Eligibility& eligibility, int32_t* gpu);
+  int64_t NodeFreeMilli(int32_t node) const;
+  void Touch(int32_t node) { ++node_version_[static_cast<size_t>(node)]; }
 
   void TakeGpuMilli(int32_t flat_gpu, MilliGpu milli);
   void ReturnGpuMilli(int32_t flat_gpu, MilliGpu milli);
@@ -147,6 +200,29 @@ class Allocator {
 
   int64_t free_gpu_milli_total_ = 0;
   int64_t usable_gpu_milli_total_ = 0;
+
+  // FGD state. None of it is part of the free capacity (operator== ignores it): the target
+  // workload, its resolved groups, and caches keyed by node versions, which change with every
+  // change to a node, so that a cached value is only ever used for the state it was computed on.
+  std::vector<TaskClass> fgd_classes_;
+  std::vector<FgdGroup> fgd_groups_;
+  int64_t fgd_cpu_only_weight_ = 0;  // classes without GPUs: every free GPU is a fragment to them
+  std::vector<uint32_t> node_version_;
+  std::vector<std::pair<uint32_t, int64_t>> node_fragmentation_;  // (version, fragmentation)
+  struct FgdShapeKey {
+    MilliGpu gpu = 0;
+    MilliCpu cpu = 0;
+    MiB memory = 0;
+    MiB min_gpu_memory = 0;
+    std::vector<std::string> models;
+    friend bool operator==(const FgdShapeKey&, const FgdShapeKey&) = default;
+  };
+  struct FgdShapeHash {
+    size_t operator()(const FgdShapeKey& key) const;
+  };
+  std::unordered_map<FgdShapeKey, size_t, FgdShapeHash> fgd_shape_ids_;
+  std::vector<std::vector<FgdChoice>> fgd_choices_;  // [shape id][node]
+  std::vector<MilliGpu> fgd_scratch_;                // one node's free shares, being evaluated
 };
 
 }  // namespace gpufleet::sched

@@ -1,6 +1,9 @@
 #include "sched/policy.h"
 
+#include <algorithm>
 #include <array>
+#include <map>
+#include <tuple>
 #include <utility>
 
 namespace gpufleet::sched {
@@ -40,9 +43,14 @@ constexpr std::array<std::pair<Backfill, const char*>, 3> kBackfills{{
     {Backfill::kEasy, "easy"},
     {Backfill::kFirstFit, "firstfit"},
 }};
-constexpr std::array<std::pair<PlacementPolicy, const char*>, 2> kPlacements{{
+constexpr std::array<std::pair<PlacementPolicy, const char*>, 3> kPlacements{{
     {PlacementPolicy::kBinPack, "binpack"},
     {PlacementPolicy::kSpread, "spread"},
+    {PlacementPolicy::kFgd, "fgd"},
+}};
+constexpr std::array<std::pair<WorkloadWeight, const char*>, 2> kWorkloadWeights{{
+    {WorkloadWeight::kTasks, "tasks"},
+    {WorkloadWeight::kGpus, "gpus"},
 }};
 
 }  // namespace
@@ -73,6 +81,39 @@ std::vector<std::string> BackfillNames() {
 }
 std::vector<std::string> PlacementPolicyNames() {
   return NamesIn(kPlacements);
+}
+
+std::vector<TaskClass> TargetWorkloadOf(std::span<const JobSpec> jobs, WorkloadWeight weight) {
+  using Key = std::tuple<MilliGpu, MilliCpu, MiB, MiB, std::vector<std::string>>;
+  std::map<Key, size_t> index;  // shape -> position in `classes`
+  std::vector<TaskClass> classes;
+  for (const JobSpec& spec : jobs) {
+    Key key{spec.gpu_milli_per_task, spec.cpu_milli_per_task, spec.memory_mib_per_task,
+            spec.min_gpu_memory_mib, spec.gpu_models};
+    auto [it, inserted] = index.emplace(std::move(key), classes.size());
+    if (inserted) {
+      classes.push_back({.gpu_milli_per_task = spec.gpu_milli_per_task,
+                         .cpu_milli_per_task = spec.cpu_milli_per_task,
+                         .memory_mib_per_task = spec.memory_mib_per_task,
+                         .gpu_models = spec.gpu_models,
+                         .min_gpu_memory_mib = spec.min_gpu_memory_mib,
+                         .weight = 0});
+    }
+    const int64_t per_task =
+        weight == WorkloadWeight::kGpus ? std::max(1, spec.WholeGpusPerTask()) : 1;
+    classes[it->second].weight += per_task * spec.tasks;
+  }
+  return classes;
+}
+
+std::optional<WorkloadWeight> ParseWorkloadWeight(std::string_view name) {
+  return Lookup(kWorkloadWeights, name);
+}
+const char* Name(WorkloadWeight weight) {
+  return NameIn(kWorkloadWeights, weight);
+}
+std::vector<std::string> WorkloadWeightNames() {
+  return NamesIn(kWorkloadWeights);
 }
 
 Backfill DefaultBackfill(QueueOrder order) {

@@ -1,12 +1,15 @@
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "core/job.h"
 #include "core/types.h"
 #include "sched/queues.h"
 
@@ -33,7 +36,44 @@ enum class Backfill {
 enum class PlacementPolicy {
   kBinPack,  // best fit: fill the fullest nodes and GPUs first, keep whole nodes free for gangs
   kSpread,   // worst fit: the emptiest nodes first
+  // Fragmentation gradient descent (Weng et al., USENIX ATC'23): the node and GPU whose choice
+  // least increases the fragmentation expected under SchedulerConfig::target_workload. Without a
+  // target workload it places as kBinPack.
+  kFgd,
 };
+
+// One task shape of the target workload FGD measures fragmentation against, with its popularity.
+// The scheduler is pure, so the distribution is an input: the simulator builds it from the trace
+// it replays (as the paper does), a server could build it from its recent jobs
+// (TargetWorkloadOf).
+struct TaskClass {
+  MilliGpu gpu_milli_per_task = 0;  // a multiple of 1000 for whole GPUs, 1..999 for a share, or 0
+  MilliCpu cpu_milli_per_task = 0;
+  MiB memory_mib_per_task = 0;
+  std::vector<std::string> gpu_models;  // any of these; empty means any model
+  MiB min_gpu_memory_mib = 0;
+  // Relative popularity, e.g. how many tasks of this shape were seen. Integral, so that the
+  // fragmentation is an exact integer and equal choices compare equal.
+  int64_t weight = 1;
+  friend bool operator==(const TaskClass&, const TaskClass&) = default;
+};
+
+// How TargetWorkloadOf weighs a task shape.
+enum class WorkloadWeight {
+  kTasks,  // by its number of tasks: the paper's popularity (a random task)
+  // By the GPUs its tasks ask for, a task of k whole GPUs counting k times and any other task once:
+  // a rare 8-GPU task weighs as much as eight 1-GPU tasks, so FGD does not sacrifice the room it
+  // needs for many small ones.
+  kGpus,
+};
+
+// The target workload of these jobs: one class per distinct task shape, weighted by the number of
+// tasks (a gang of k tasks counts k times) or their GPUs, in order of first appearance.
+std::vector<TaskClass> TargetWorkloadOf(std::span<const JobSpec> jobs,
+                                        WorkloadWeight weight = WorkloadWeight::kTasks);
+std::optional<WorkloadWeight> ParseWorkloadWeight(std::string_view name);
+const char* Name(WorkloadWeight weight);
+std::vector<std::string> WorkloadWeightNames();
 
 struct SchedulerConfig {
   QueueOrder order = QueueOrder::kFifo;
@@ -57,6 +97,9 @@ struct SchedulerConfig {
   // it from decayed usage. The only part of the config that changes over time: the caller
   // refreshes it before each cycle. A queue not listed has used nothing (factor 1).
   std::map<std::string, double, std::less<>> fair_share_factor;
+  // The task distribution kFgd placement measures fragmentation against; ignored by the other
+  // placements.
+  std::vector<TaskClass> target_workload;
 };
 
 std::optional<QueueOrder> ParseQueueOrder(std::string_view name);

@@ -467,6 +467,9 @@ Decisions Schedule(const Allocator& capacity, std::span<const RunningJob> runnin
 Decisions ScheduleInPlace(Allocator& capacity, std::span<const RunningJob> running,
                           std::span<const PendingJob* const> pending, TimeMs now,
                           const SchedulerConfig& config, const CycleOptions& options) {
+  // The target workload travels with the config; the allocator keeps it, and what it computed
+  // for it, while it stays the same.
+  if (config.placement == PlacementPolicy::kFgd) capacity.SetTargetWorkload(config.target_workload);
   // Quotas take their own cycle, so that without queues every decision stays what it was.
   if (!config.queues.empty())
     return RunQuotaCycle(capacity, running, pending, now, config, options);

@@ -798,17 +798,29 @@ std::chrono::steady_clock::duration Server::Impl::RunCycle() {
       pending.reserve(snapshot.pending.size());
       for (const auto& job : snapshot.pending)
         pending.push_back(job.get());
-      // Fair share: the only part of the configuration that changes from cycle to cycle.
-      std::optional<sched::SchedulerConfig> fair_share_config;
+      // What changes from cycle to cycle: fair-share factors, and the workload FGD placement
+      // measures fragmentation against (the shapes of what runs and of the first waiting jobs).
+      std::optional<sched::SchedulerConfig> cycle_config;
       if (options.scheduler.order == sched::QueueOrder::kFairShare) {
-        fair_share_config = options.scheduler;
-        fair_share_config->fair_share_factor =
+        cycle_config = options.scheduler;
+        cycle_config->fair_share_factor =
             sched::FairShareFactors(snapshot.fair_share_usage, options.scheduler.queues);
       }
+      if (options.scheduler.placement == sched::PlacementPolicy::kFgd) {
+        constexpr size_t kWaitingShapes = 1000;
+        if (!cycle_config) cycle_config = options.scheduler;
+        std::vector<JobSpec> shapes;
+        shapes.reserve(snapshot.running.size() + std::min(pending.size(), kWaitingShapes));
+        for (const sched::RunningJob& job : snapshot.running)
+          shapes.push_back(job.spec);
+        for (size_t i = 0; i < pending.size() && i < kWaitingShapes; ++i)
+          shapes.push_back(pending[i]->spec);
+        cycle_config->target_workload =
+            sched::TargetWorkloadOf(shapes, sched::WorkloadWeight::kGpus);
+      }
       try {
-        decisions =
-            sched::Schedule(snapshot.cluster, snapshot.running, pending, now,
-                            fair_share_config ? *fair_share_config : options.scheduler, cycle);
+        decisions = sched::Schedule(snapshot.cluster, snapshot.running, pending, now,
+                                    cycle_config ? *cycle_config : options.scheduler, cycle);
         decided = true;
         if (cycle.explain_all_waiting) last_explained = cycle_start;
       } catch (const std::exception& error) {

@@ -389,18 +389,32 @@ std::string FormatReport(const SimReport& report) {
                           GroupThousands(fill.pods_placed), GroupThousands(fill.gpu_pods_placed),
                           GroupThousands(fill.passes)));
     lines.Add("CPU-only pods failed", GroupThousands(fill.cpu_only_pods_failed));
+    if (fill.arrived_target > 0) {
+      const double arrived = static_cast<double>(fill.arrived_gpu_milli) / kMilliPerGpu;
+      lines.Add(
+          "arrived GPU requests",
+          fmt::format("{} ({:.2f} x the usable GPUs; run until {:g} x)", GroupedDecimal(arrived, 2),
+                      fill.usable_gpus > 0 ? arrived / static_cast<double>(fill.usable_gpus) : 0.0,
+                      fill.arrived_target));
+      lines.Add("GPU pods failed", GroupThousands(fill.gpu_pods_failed));
+    }
     lines.Add("allocated GPUs", fmt::format("{} of {}", GroupedDecimal(report.allocated_gpus, 2),
                                             GroupThousands(fill.usable_gpus)));
     lines.Add("unallocated GPUs",
               fmt::format("{} ({:.2f} %)", GroupedDecimal(report.unallocated_gpus, 2),
                           report.unallocated_fraction * 100));
+    lines.Add("fragmented GPUs",
+              fmt::format("{} (FGD's measure under the trace's task distribution)",
+                          GroupedDecimal(fill.fragmented_gpu_milli / kMilliPerGpu, 2)));
     if (fill.stop) {
       const FillStop& stop = *fill.stop;
-      lines.Add("stopped at",
+      lines.Add(fill.arrived_target > 0 ? "first GPU pod failed" : "stopped at",
                 fmt::format("{} (line {}): {} task(s) x {:g} GPU, {}",
                             stop.trace_id.empty() ? "pod" : stop.trace_id, stop.line, stop.tasks,
                             static_cast<double>(stop.gpu_milli_per_task) / kMilliPerGpu,
                             sched::WaitReasonCode(stop.reason)));
+    } else if (fill.arrived_target > 0) {
+      lines.Add("first GPU pod failed", "none");
     } else {
       lines.Add("stopped at", "end of list (no pod asks for a GPU)");
     }
@@ -448,11 +462,12 @@ std::string FormatComparison(std::span<const SimReport> reports) {
   if (reports.front().mode == SimMode::kFill) {
     text_columns = 2;
     table.push_back({"policy", "placement", "pods placed", "allocated GPUs", "unallocated GPUs",
-                     "unallocated", "wall"});
+                     "unallocated", "fragmented GPUs", "wall"});
     for (const SimReport& r : reports) {
       table.push_back({r.run.policy, r.run.placement, GroupThousands(r.fill.pods_placed),
                        GroupedDecimal(r.allocated_gpus, 2), GroupedDecimal(r.unallocated_gpus, 2),
                        fmt::format("{:.2f} %", r.unallocated_fraction * 100),
+                       GroupedDecimal(r.fill.fragmented_gpu_milli / kMilliPerGpu, 2),
                        fmt::format("{:.2f} s", r.wall_time_s)});
     }
   } else {
@@ -551,6 +566,10 @@ nlohmann::json ToJson(const SimReport& report) {
                     {"allocated_gpus", report.allocated_gpus},
                     {"unallocated_gpus", report.unallocated_gpus},
                     {"unallocated_fraction", report.unallocated_fraction},
+                    {"fragmented_gpus", fill.fragmented_gpu_milli / kMilliPerGpu},
+                    {"arrived", fill.arrived_target},
+                    {"arrived_gpus", static_cast<double>(fill.arrived_gpu_milli) / kMilliPerGpu},
+                    {"gpu_pods_failed", fill.gpu_pods_failed},
                     {"stopped_at", stop}};
     return json;
   }

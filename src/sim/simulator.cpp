@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 #include <queue>
+#include <random>
 #include <set>
 #include <span>
 #include <string_view>
@@ -616,7 +617,8 @@ class Replay {
 // from the running list each time (O(pods^2)); FillEngine::kSchedule does the latter, and the
 // tests check that both agree.
 SimResult Fill(const Cluster& cluster, const Trace& trace, const sched::SchedulerConfig& config,
-               FillEngine engine) {
+               const SimOptions& options) {
+  const FillEngine engine = options.fill_engine;
   SimResult result;
   result.mode = SimMode::kFill;
   result.usable_gpus = cluster.UsableGpus();
@@ -638,12 +640,35 @@ SimResult Fill(const Cluster& cluster, const Trace& trace, const sched::Schedule
     return job->spec.gpu_milli_per_task > 0;
   });
   std::optional<sched::Allocator> allocator;
-  if (engine == FillEngine::kAllocator) allocator.emplace(cluster);
+  if (engine == FillEngine::kAllocator) {
+    allocator.emplace(cluster);
+    // What sched::ScheduleInPlace does with the config before placing (FGD only).
+    if (fill_config.placement == sched::PlacementPolicy::kFgd)
+      allocator->SetTargetWorkload(fill_config.target_workload);
+  }
   std::vector<sched::RunningJob> running;
+  // The paper's stopping rule: until the arrived pods asked for this many milli-GPUs.
+  const int64_t arrived_limit =
+      options.fill_arrived > 0
+          ? std::llround(options.fill_arrived * static_cast<double>(result.usable_gpus) *
+                         kMilliPerGpu)
+          : -1;
+  result.fill.arrived_target = options.fill_arrived;
+  std::mt19937_64 rng(options.fill_shuffle_seed);
   JobId next_id = 0;
-  while (!pods.empty()) {
+  bool done = false;
+  while (!pods.empty() && !done) {
     ++result.fill.passes;
+    if (options.fill_shuffle_seed != 0) {
+      // Fisher-Yates with the generator's raw output: std::shuffle's use of it is unspecified.
+      for (size_t i = pods.size() - 1; i > 0; --i)
+        std::swap(pods[i], pods[static_cast<size_t>(rng() % (i + 1))]);
+    }
     for (const TraceJob* pod : pods) {
+      if (arrived_limit >= 0 && result.fill.arrived_gpu_milli >= arrived_limit) {
+        done = true;
+        break;
+      }
       JobSpec spec = pod->spec;
       spec.id = next_id;
       // Submission order is the only order that matters here; time stands still otherwise.
@@ -656,7 +681,9 @@ SimResult Fill(const Cluster& cluster, const Trace& trace, const sched::Schedule
       std::optional<sched::WaitReason> reason;
       if (allocator) {
         allocation = allocator->Place(spec, fill_config.placement);
-        if (!allocation) {
+        // Only the first failure is reported; past it (SimOptions::fill_arrived) no reason is
+        // needed, and CheckFeasible costs a pass over the cluster.
+        if (!allocation && !result.fill.stop && spec.gpu_milli_per_task > 0) {
           reason = sched::CheckFeasible(cluster, spec);
           if (!reason) reason = allocator->WhyNotNow(spec);
         }
@@ -679,6 +706,7 @@ SimResult Fill(const Cluster& cluster, const Trace& trace, const sched::Schedule
       }
 
       const bool wants_gpu = spec.gpu_milli_per_task > 0;
+      result.fill.arrived_gpu_milli += spec.TotalGpuMilli();
       if (allocation) {
         ++result.fill.pods_placed;
         if (wants_gpu) ++result.fill.gpu_pods_placed;
@@ -689,17 +717,30 @@ SimResult Fill(const Cluster& cluster, const Trace& trace, const sched::Schedule
         ++result.fill.cpu_only_pods_failed;
         continue;
       }
-      FillStop stop;
-      stop.trace_id = pod->trace_id;
-      stop.line = pod->line;
-      stop.tasks = spec.tasks;
-      stop.gpu_milli_per_task = spec.gpu_milli_per_task;
-      stop.reason = reason.value_or(sched::WaitReason::kInsufficientGpus);
-      result.fill.stop = std::move(stop);
-      return result;
+      ++result.fill.gpu_pods_failed;
+      if (!result.fill.stop) {
+        FillStop stop;
+        stop.trace_id = pod->trace_id;
+        stop.line = pod->line;
+        stop.tasks = spec.tasks;
+        stop.gpu_milli_per_task = spec.gpu_milli_per_task;
+        stop.reason = reason.value_or(sched::WaitReason::kInsufficientGpus);
+        result.fill.stop = std::move(stop);
+      }
+      if (arrived_limit < 0) {
+        done = true;
+        break;
+      }
     }
     // Without GPU pods nothing could ever stop the loop; one pass tells all.
     if (!any_gpu_pod) break;
+  }
+  if (arrived_limit < 0) result.fill.gpu_pods_failed = result.fill.stop ? 1 : 0;
+  // The paper's fragmentation measure of where the run ended, for every placement alike.
+  if (allocator) {
+    sched::Allocator measure = *allocator;
+    measure.SetTargetWorkload(TargetWorkloadOf(trace));
+    result.fill.fragmented_gpu_milli = measure.Fragmentation();
   }
   return result;
 }
@@ -835,9 +876,23 @@ std::vector<TimeSeriesPoint> Downsample(const std::vector<TimeSeriesPoint>& seri
   return out;
 }
 
+std::vector<sched::TaskClass> TargetWorkloadOf(const Trace& trace, sched::WorkloadWeight weight) {
+  std::vector<JobSpec> specs;
+  specs.reserve(trace.jobs.size());
+  for (const TraceJob& job : trace.jobs)
+    specs.push_back(job.spec);
+  return sched::TargetWorkloadOf(specs, weight);
+}
+
 SimResult Simulate(const Cluster& cluster, const Trace& trace, const sched::SchedulerConfig& config,
                    const SimOptions& options) {
-  if (options.mode == SimMode::kFill) return Fill(cluster, trace, config, options.fill_engine);
+  // FGD needs the workload's task distribution; the paper takes the replayed trace's shapes.
+  if (config.placement == sched::PlacementPolicy::kFgd && config.target_workload.empty()) {
+    sched::SchedulerConfig with_workload = config;
+    with_workload.target_workload = TargetWorkloadOf(trace, options.fgd_weight);
+    return Simulate(cluster, trace, with_workload, options);
+  }
+  if (options.mode == SimMode::kFill) return Fill(cluster, trace, config, options);
   return Replay(cluster, trace, config, options).Run();
 }
 

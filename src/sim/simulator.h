@@ -51,6 +51,17 @@ struct SimOptions {
   // The recorded time series is downsampled to at most this many points (0 = keep all).
   int64_t max_time_series_points = 2000;
   FillEngine fill_engine = FillEngine::kAllocator;
+  // Fill mode's stopping rule. 0: stop at the first pod asking for a GPU that cannot be placed.
+  // Above 0, the FGD paper's measure: pods that do not fit are skipped and counted, and the run
+  // stops once the arrived pods have asked for this many times the usable GPUs (1: 100 %).
+  double fill_arrived = 0;
+  // Fill mode: 0 keeps file order; otherwise each pass over the list is shuffled with this seed
+  // (the paper shuffles the pod list; same seed, same order, on every platform).
+  uint64_t fill_shuffle_seed = 0;
+  // How the trace's task shapes are weighed into FGD's target workload when the config has none.
+  // By GPUs: under the first-failure rule, weighing by tasks lets FGD give up the room of rare
+  // multi-GPU pods (docs/benchmarks.md).
+  sched::WorkloadWeight fgd_weight = sched::WorkloadWeight::kGpus;
   // Replay: keep the queue in the scheduler's order, let a cycle stop once nothing more can
   // start (sched::CycleOptions), and skip a cycle when nothing can start at all. Same decisions
   // either way (fewer scheduling cycles); off only to check that in tests.
@@ -90,7 +101,15 @@ struct FillResult {
   int64_t passes = 0;  // times the pod list was started (1 = never wrapped around)
   MilliGpu allocated_gpu_milli = 0;
   int64_t usable_gpus = 0;
-  std::optional<FillStop> stop;  // empty only when the list has no GPU pods at all
+  // The first pod asking for a GPU that could not be placed: where the run stopped, unless
+  // SimOptions::fill_arrived; empty when every GPU pod was placed.
+  std::optional<FillStop> stop;
+  double arrived_target = 0;      // SimOptions::fill_arrived of the run
+  int64_t gpu_pods_failed = 0;    // GPU pods that could not be placed
+  int64_t arrived_gpu_milli = 0;  // what the pods tried so far asked for, placed or not
+  // FGD's fragmentation of the final state under the trace's task distribution weighed by tasks
+  // (the paper's measure), whatever the placement and SimOptions::fgd_weight.
+  double fragmented_gpu_milli = 0;
 };
 
 // Raw results; report.h turns them into the statistics people read.
@@ -140,8 +159,15 @@ double OfferedLoad(const Trace& trace, int64_t usable_gpus);
 // Multiplies every inter-arrival gap by `factor`, keeping the first submit time.
 void ScaleSubmitTimes(Trace& trace, double factor);
 
-// Runs the trace to completion (replay) or until the cluster is full (fill). The trace must be
-// sorted by submit time and every job must be feasible (RemoveInfeasibleJobs). Throws SimError.
+// The target workload FGD placement measures fragmentation against: the trace's task shapes,
+// weighted by how many tasks of each it has, or their GPUs (sched::TargetWorkloadOf).
+std::vector<sched::TaskClass> TargetWorkloadOf(
+    const Trace& trace, sched::WorkloadWeight weight = sched::WorkloadWeight::kTasks);
+
+// Runs the trace to completion (replay) or until the cluster is full (fill). Under FGD placement
+// with no target workload in `config`, the trace's own (TargetWorkloadOf, weighed by
+// SimOptions::fgd_weight) is used. The trace must
+// be sorted by submit time and every job must be feasible (RemoveInfeasibleJobs). Throws SimError.
 SimResult Simulate(const Cluster& cluster, const Trace& trace, const sched::SchedulerConfig& config,
                    const SimOptions& options);
 

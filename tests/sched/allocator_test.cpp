@@ -520,5 +520,157 @@ TEST(WaitReasons, CodesAreStableAndInfeasibleOnesAreMarked) {
             "waiting for GPUs: 2 tasks of 0.5 of a GPU (H100-80GB) are not free right now");
 }
 
+// ---- FGD (PlacementPolicy::kFgd): hand-made cases where best fit fragments and FGD does not ----
+
+TaskClass Class(MilliGpu milli, int64_t weight = 1, MilliCpu cpu = 0) {
+  TaskClass task_class;
+  task_class.gpu_milli_per_task = milli;
+  task_class.cpu_milli_per_task = cpu;
+  task_class.weight = weight;
+  return task_class;
+}
+
+TEST(AllocatorFgd, SharedTaskKeepsRoomForTheWorkloadsShares) {
+  // Two 1-GPU nodes, 600 and 1,000 milli-GPUs free; the workload is 0.6-GPU tasks. Best fit puts a
+  // 0.1-GPU task on the tighter GPU, leaving 500 that no 0.6 task can use; FGD opens the other
+  // GPU, so that both GPUs still hold a 0.6 task.
+  const Cluster cluster = Uniform(2, 1);
+  for (PlacementPolicy policy : {PlacementPolicy::kBinPack, PlacementPolicy::kFgd}) {
+    Allocator allocator(cluster);
+    allocator.SetTargetWorkload({Class(600)});
+    allocator.Commit(GpuJob(100, 1, 400), {Task(0, {0}, 400)});
+    const auto small = allocator.Place(GpuJob(1, 1, 100), policy);
+    ASSERT_TRUE(small.has_value());
+    const bool fgd = policy == PlacementPolicy::kFgd;
+    EXPECT_EQ(*small, Allocation{Task(fgd ? 1 : 0, {0}, 100)}) << Name(policy);
+    // FGD: 600 + 900 free, 0 fragmented; best fit: the 500 left on node 0 is a fragment.
+    EXPECT_DOUBLE_EQ(allocator.Fragmentation(), fgd ? 0 : 500) << Name(policy);
+    EXPECT_TRUE(allocator.Place(GpuJob(2, 1, 600), policy).has_value()) << Name(policy);
+    EXPECT_EQ(allocator.Place(GpuJob(3, 1, 600), policy).has_value(), fgd) << Name(policy);
+  }
+}
+
+TEST(AllocatorFgd, WholeGpuTaskKeepsNodesThatHoldTheWorkloadsGangs) {
+  // Nodes with 2 and 3 free GPUs; the workload is 2-GPU tasks. Best fit takes a GPU of the
+  // 2-GPU node, which then holds no 2-GPU task; FGD takes one of the 3, and both still hold one.
+  const Cluster cluster = Uniform(2, 4);
+  for (PlacementPolicy policy : {PlacementPolicy::kBinPack, PlacementPolicy::kFgd}) {
+    Allocator allocator(cluster);
+    allocator.SetTargetWorkload({Class(2000)});
+    Occupy(allocator, 100, 0, {0, 1});
+    Occupy(allocator, 101, 1, {0});
+    const auto one = allocator.Place(WholeGpus(1, 1), policy);
+    ASSERT_TRUE(one.has_value());
+    const bool fgd = policy == PlacementPolicy::kFgd;
+    EXPECT_EQ(one->at(0).node, fgd ? 1 : 0) << Name(policy);
+    EXPECT_TRUE(allocator.Place(WholeGpus(2, 2), policy).has_value()) << Name(policy);
+    EXPECT_EQ(allocator.Place(WholeGpus(3, 2), policy).has_value(), fgd) << Name(policy);
+  }
+}
+
+TEST(AllocatorFgd, CpuOnlyTaskLeavesCpuForGpuTasks) {
+  // Two 1-GPU nodes with 16 and 12 CPUs; the workload's GPU tasks need 8 CPUs. Best fit packs a
+  // 6-CPU task on the node with less CPU free, stranding its GPU; FGD keeps both GPUs usable.
+  Cluster cluster = Uniform(2, 1);
+  cluster.nodes[0].cpu_milli = 16'000;
+  cluster.nodes[1].cpu_milli = 12'000;
+  JobSpec cpu_only = GpuJob(1, 1, 0);
+  cpu_only.cpu_milli_per_task = 6'000;
+  for (PlacementPolicy policy : {PlacementPolicy::kBinPack, PlacementPolicy::kFgd}) {
+    Allocator allocator(cluster);
+    allocator.SetTargetWorkload({Class(1000, 1, 8'000)});
+    const auto placed = allocator.Place(cpu_only, policy);
+    ASSERT_TRUE(placed.has_value());
+    const bool fgd = policy == PlacementPolicy::kFgd;
+    EXPECT_EQ(placed->at(0).node, fgd ? 0 : 1) << Name(policy);
+    EXPECT_DOUBLE_EQ(allocator.Fragmentation(), fgd ? 0 : 1000) << Name(policy);
+  }
+}
+
+TEST(AllocatorFgd, FragmentationIsTheExpectationOverTheWorkload) {
+  // One node, GPUs free 600 and 1,000. Half the tasks ask 0.6 GPU: both GPUs serve them, nothing is
+  // a fragment. A quarter ask 2 GPUs: they cannot run here, all 1,600 free is a fragment to them.
+  // A quarter ask 0.8 GPU: the 600 is a fragment. Expected: (0 + 1600 + 600) / 4 = 550.
+  const Cluster cluster = Uniform(1, 2);
+  Allocator allocator(cluster);
+  EXPECT_EQ(allocator.Fragmentation(), 0);  // no target workload
+  allocator.Commit(GpuJob(100, 1, 400), {Task(0, {0}, 400)});
+  allocator.SetTargetWorkload({Class(600, 2), Class(2000, 1), Class(800, 1)});
+  EXPECT_DOUBLE_EQ(allocator.Fragmentation(), 550);
+  // CPU-only tasks cannot use any GPU: every free GPU counts for them.
+  allocator.SetTargetWorkload({Class(600, 1), Class(0, 1)});
+  EXPECT_DOUBLE_EQ(allocator.Fragmentation(), 800);
+}
+
+TEST(AllocatorFgd, WithoutATargetWorkloadPlacesAsBestFit) {
+  const Cluster cluster = Uniform(3, 4);
+  Allocator fgd(cluster);
+  Allocator binpack(cluster);
+  const std::vector<JobSpec> jobs = {GpuJob(1, 1, 300), WholeGpus(2, 2), GpuJob(3, 2, 700),
+                                     WholeGpus(4, 3), GpuJob(5, 1, 0)};
+  for (const JobSpec& job : jobs)
+    EXPECT_EQ(fgd.Place(job, PlacementPolicy::kFgd), binpack.Place(job, PlacementPolicy::kBinPack))
+        << "job " << job.id;
+}
+
+TEST(AllocatorFgd, CachedChoicesFollowCommitsAndReleases) {
+  // The per-shape cache must see changes made by Commit and Release as well as by Place.
+  const Cluster cluster = Uniform(2, 1);
+  Allocator allocator(cluster);
+  allocator.SetTargetWorkload({Class(600)});
+  const JobSpec small = GpuJob(1, 1, 100);
+  const JobSpec other = GpuJob(100, 1, 400);
+  allocator.Commit(other, {Task(0, {0}, 400)});
+  auto placed = allocator.Place(small, PlacementPolicy::kFgd);
+  EXPECT_EQ(*placed, Allocation{Task(1, {0}, 100)});
+  allocator.Release(small, *placed);
+  allocator.Release(other, {Task(0, {0}, 400)});
+  allocator.Commit(other, {Task(1, {0}, 400)});  // now node 1 is the one with 600 free
+  placed = allocator.Place(small, PlacementPolicy::kFgd);
+  EXPECT_EQ(*placed, Allocation{Task(0, {0}, 100)});
+}
+
+TEST(ScheduleFgd, TheTargetWorkloadComesFromTheConfig) {
+  const Cluster cluster = Uniform(2, 1);
+  RunningJob running;
+  running.spec = GpuJob(100, 1, 400);
+  running.allocation = {Task(0, {0}, 400)};
+  PendingJob pending;
+  pending.spec = GpuJob(1, 1, 100);
+  SchedulerConfig config;
+  config.placement = PlacementPolicy::kFgd;
+  config.target_workload = {Class(600)};
+  Decisions decisions = Schedule(cluster, {&running, 1}, {&pending, 1}, 0, config);
+  ASSERT_EQ(decisions.placements.size(), 1u);
+  EXPECT_EQ(decisions.placements[0].allocation, Allocation{Task(1, {0}, 100)});
+  config.placement = PlacementPolicy::kBinPack;
+  decisions = Schedule(cluster, {&running, 1}, {&pending, 1}, 0, config);
+  ASSERT_EQ(decisions.placements.size(), 1u);
+  EXPECT_EQ(decisions.placements[0].allocation, Allocation{Task(0, {0}, 100)});
+}
+
+TEST(TargetWorkload, OneClassPerTaskShapeWeightedByTasks) {
+  JobSpec a = GpuJob(1, 2, 500);
+  JobSpec b = GpuJob(2, 1, 500);
+  JobSpec c = GpuJob(3, 1, 500);
+  c.cpu_milli_per_task = 4000;  // another shape
+  const std::vector<JobSpec> jobs = {a, b, c, WholeGpus(4, 8)};
+  const std::vector<TaskClass> classes = TargetWorkloadOf(jobs);
+  ASSERT_EQ(classes.size(), 3u);
+  EXPECT_EQ(classes[0], Class(500, 3));
+  EXPECT_EQ(classes[1], Class(500, 1, 4000));
+  EXPECT_EQ(classes[2], Class(8000, 1));
+  // Weighed by GPUs: a task of k whole GPUs counts k times, any other task once.
+  const std::vector<TaskClass> by_gpus = TargetWorkloadOf(jobs, WorkloadWeight::kGpus);
+  ASSERT_EQ(by_gpus.size(), 3u);
+  EXPECT_EQ(by_gpus[0].weight, 3);
+  EXPECT_EQ(by_gpus[1].weight, 1);
+  EXPECT_EQ(by_gpus[2].weight, 8);
+  EXPECT_EQ(ParseWorkloadWeight("gpus"), WorkloadWeight::kGpus);
+  EXPECT_STREQ(Name(WorkloadWeight::kTasks), "tasks");
+  EXPECT_EQ(ParsePlacementPolicy("fgd"), PlacementPolicy::kFgd);
+  EXPECT_STREQ(Name(PlacementPolicy::kFgd), "fgd");
+}
+
 }  // namespace
 }  // namespace gpufleet::sched

@@ -163,6 +163,18 @@ Case RandomCase(uint64_t seed, int32_t max_nodes, int32_t max_pending) {
     }
     c.pending.push_back(std::move(job));
   }
+  // A quarter of the cases place by FGD against the shapes of their own jobs. Drawn from a
+  // generator of its own, so that every other part of a case is what it was before FGD existed.
+  Random fgd(seed ^ 0xf6d0f6d0f6d0f6d0ULL);
+  if (fgd.Chance(0.25)) {
+    c.config.placement = PlacementPolicy::kFgd;
+    std::vector<JobSpec> shapes;
+    for (const RunningJob& job : c.running)
+      shapes.push_back(job.spec);
+    for (const PendingJob& job : c.pending)
+      shapes.push_back(job.spec);
+    c.config.target_workload = TargetWorkloadOf(shapes);
+  }
   return c;
 }
 
@@ -655,6 +667,7 @@ TEST(ScheduleProperty, LazyCyclePassesOverJobsTooBigForTheFreeGpus) {
 // back, best first, those it does not need; all or nothing.
 Decisions ReferenceFirstFitCycle(const Case& c) {
   Allocator allocator(c.cluster);
+  allocator.SetTargetWorkload(c.config.target_workload);  // what FGD placement measures against
   for (const RunningJob& running : c.running)
     allocator.Commit(running.spec, running.allocation);
   std::vector<const PendingJob*> queue;

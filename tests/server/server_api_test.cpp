@@ -852,6 +852,29 @@ TEST_F(IdleGpuTest, OtherQueuesOnlyFlagAndBusyGpusClearTheFlag) {
   EXPECT_EQ(Job(kept).events.back().reason, "busy again: its GPUs are in use");
 }
 
+class FgdServerTest : public ServerTest {
+ protected:
+  void SetUp() override {
+    options_.scheduler.placement = sched::PlacementPolicy::kFgd;
+    Start();
+  }
+};
+
+// A 2-GPU job holds half of n1; n2 (4 GPUs) is empty. For a 1-GPU job best fit takes n1, the
+// fullest node, which leaves it one GPU that no 2-GPU job can use; FGD, measuring against the
+// shapes of the server's own jobs (2 GPUs and 1 GPU), takes n2, and both nodes still hold a
+// 2-GPU job. (With --placement binpack this test places on n1.)
+TEST_F(FgdServerTest, PlacesAgainstTheShapesOfTheServersJobs) {
+  Sync(NodeReport("n1"));
+  const JobId two = Submit(alice_, {{"command", {"true"}}, {"gpus", 2}});
+  ASSERT_TRUE(WaitForState(two, JobState::kScheduled));
+  ASSERT_EQ(Job(two).tasks[0].node, "n1");
+  Sync(NodeReport("n2"));
+  const JobId one = Submit(alice_, {{"command", {"true"}}, {"gpus", 1}});
+  ASSERT_TRUE(WaitForState(one, JobState::kScheduled));
+  EXPECT_EQ(Job(one).tasks[0].node, "n2");
+}
+
 TEST_F(ServerTest, MetricsDescribeJobsNodesAndRequests) {
   Sync(NodeReport("n1"));
   const JobId id = Submit(alice_, kOneGpu);

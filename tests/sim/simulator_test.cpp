@@ -399,6 +399,117 @@ TEST(Fill, PodsGoInFileOrderNotSubmitOrder) {
   }
 }
 
+// Fill under the paper's stopping rule: pods that do not fit are skipped, and the run ends once
+// the arrived pods asked for the given share of the GPUs.
+TEST(Fill, ArrivedRuleSkipsFailuresAndStopsAtTheArrivedShare) {
+  Cluster cluster = OneNode(2);
+  auto pod = [](JobId id, MilliGpu gpu) {
+    TraceJob job;
+    job.spec.id = id;
+    job.spec.gpu_milli_per_task = gpu;
+    job.trace_id = "pod-" + std::to_string(id);
+    job.line = static_cast<int64_t>(id) + 2;
+    return job;
+  };
+  // 1 GPU, then 2 GPUs (does not fit next to it), then 0.5: 3.5 GPUs arrive per pass.
+  const Trace trace = MakeTrace({pod(0, 1000), pod(1, 2000), pod(2, 500)});
+  SimOptions options = Options();
+  options.mode = SimMode::kFill;
+  options.fill_arrived = 1.5;  // 3 GPUs: after the second pod
+  const auto config = Config(sched::QueueOrder::kFifo, sched::Backfill::kNone);
+  SimResult result = Simulate(cluster, trace, config, options);
+  EXPECT_EQ(result.fill.pods_placed, 1);
+  EXPECT_EQ(result.fill.gpu_pods_failed, 1);
+  EXPECT_EQ(result.fill.arrived_gpu_milli, 3000);
+  ASSERT_TRUE(result.fill.stop.has_value());
+  EXPECT_EQ(result.fill.stop->trace_id, "pod-1");  // the first failure, not where it stopped
+  // 5 GPUs: into the second pass, where pod 0 (0.5 GPU left) fails and brings 4.5 GPUs, short of
+  // 5, so pod 1 is tried (and fails) too; the pod that reaches the share is the last one.
+  options.fill_arrived = 2.5;
+  result = Simulate(cluster, trace, config, options);
+  EXPECT_EQ(result.fill.passes, 2);
+  EXPECT_EQ(result.fill.pods_placed, 2);
+  EXPECT_EQ(result.fill.gpu_pods_failed, 3);
+  EXPECT_EQ(result.fill.allocated_gpu_milli, 1500);
+  EXPECT_EQ(result.fill.arrived_gpu_milli, 6500);
+}
+
+TEST(Fill, ShuffleIsDeterministicPerSeed) {
+  Cluster cluster = OneNode(8);
+  std::vector<TraceJob> jobs;
+  for (JobId id = 0; id < 40; ++id) {
+    TraceJob job = Job(id, 0, 0, 1);
+    job.spec.gpu_milli_per_task = 100 + static_cast<MilliGpu>(id) * 20;
+    job.line = id + 2;
+    jobs.push_back(job);
+  }
+  const Trace trace = MakeTrace(jobs);
+  SimOptions options = Options();
+  options.mode = SimMode::kFill;
+  const auto config = Config(sched::QueueOrder::kFifo, sched::Backfill::kNone);
+  const SimResult in_order = Simulate(cluster, trace, config, options);
+  options.fill_shuffle_seed = 7;
+  const SimResult a = Simulate(cluster, trace, config, options);
+  const SimResult b = Simulate(cluster, trace, config, options);
+  ASSERT_TRUE(a.fill.stop && b.fill.stop && in_order.fill.stop);
+  EXPECT_EQ(a.fill.stop->line, b.fill.stop->line);
+  EXPECT_EQ(a.fill.allocated_gpu_milli, b.fill.allocated_gpu_milli);
+  EXPECT_NE(a.fill.stop->line, in_order.fill.stop->line);
+}
+
+// FGD in fill mode takes the trace's own task distribution when the config has none, weighed as
+// SimOptions::fgd_weight says.
+TEST(Fill, FgdTargetWorkloadDefaultsToTheTrace) {
+  const std::string dir = std::string(GPUFLEET_TRACES_DIR) + "/alibaba-gpu-v2023";
+  if (!std::filesystem::exists(dir)) GTEST_SKIP() << "no " << dir;
+  Cluster cluster = ReadAlibabaNodes(dir + "/openb_node_list_gpu_node.csv", 16, 8);
+  cluster.nodes.resize(120);
+  Trace trace =
+      ReadTrace(dir + "/openb_pod_list_gpushare60.csv", TraceFormat::kAlibabaPods, ReadOptions{});
+  RemoveInfeasibleJobs(cluster, trace, true);
+  sched::SchedulerConfig config = Config(sched::QueueOrder::kFifo, sched::Backfill::kNone);
+  config.placement = sched::PlacementPolicy::kFgd;
+  SimOptions options = Options();
+  options.mode = SimMode::kFill;
+  const SimResult implicit = Simulate(cluster, trace, config, options);
+  config.target_workload = TargetWorkloadOf(trace, options.fgd_weight);
+  const SimResult given = Simulate(cluster, trace, config, options);
+  EXPECT_EQ(implicit.fill.allocated_gpu_milli, given.fill.allocated_gpu_milli);
+  EXPECT_EQ(implicit.fill.pods_placed, given.fill.pods_placed);
+  // Another distribution (only whole 8-GPU tasks) places differently.
+  sched::TaskClass eight;
+  eight.gpu_milli_per_task = 8000;
+  config.target_workload = {eight};
+  const SimResult other = Simulate(cluster, trace, config, options);
+  EXPECT_NE(other.fill.pods_placed, given.fill.pods_placed);
+}
+
+// The experiment the policy exists for, on the whole Alibaba cluster: FGD leaves fewer GPUs
+// unallocated than best fit, at the first GPU pod that fails and at 100 % arrived workload.
+TEST(Fill, FgdLeavesFewerGpusUnallocatedThanBestFitOnAlibabaPods) {
+  const std::string dir = std::string(GPUFLEET_TRACES_DIR) + "/alibaba-gpu-v2023";
+  if (!std::filesystem::exists(dir)) GTEST_SKIP() << "no " << dir;
+  const Cluster cluster = ReadAlibabaNodes(dir + "/openb_node_list_gpu_node.csv", 16, 8);
+  Trace trace =
+      ReadTrace(dir + "/openb_pod_list_gpushare40.csv", TraceFormat::kAlibabaPods, ReadOptions{});
+  RemoveInfeasibleJobs(cluster, trace, true);
+  for (double arrived : {0.0, 1.0}) {
+    for (sched::WorkloadWeight weight :
+         {sched::WorkloadWeight::kTasks, sched::WorkloadWeight::kGpus}) {
+      SimOptions options = Options();
+      options.mode = SimMode::kFill;
+      options.fill_arrived = arrived;
+      options.fgd_weight = weight;
+      sched::SchedulerConfig config = Config(sched::QueueOrder::kFifo, sched::Backfill::kNone);
+      const SimResult best_fit = Simulate(cluster, trace, config, options);
+      config.placement = sched::PlacementPolicy::kFgd;
+      const SimResult fgd = Simulate(cluster, trace, config, options);
+      EXPECT_GT(fgd.fill.allocated_gpu_milli, best_fit.fill.allocated_gpu_milli) << arrived;
+      EXPECT_LT(fgd.fill.fragmented_gpu_milli, best_fit.fill.fragmented_gpu_milli) << arrived;
+    }
+  }
+}
+
 // The fast path (one allocator kept across pods) must place exactly as one Schedule call per pod
 // does, on real pod lists: whole, shared and multi-GPU pods, CPU and memory limits, both
 // placements. A slice of the Alibaba cluster keeps the O(pods^2) reference quick.
@@ -412,7 +523,8 @@ TEST(Fill, FastPathMatchesScheduleOnAlibabaPods) {
                             ReadOptions{});
     RemoveInfeasibleJobs(cluster, trace, true);
     for (sched::PlacementPolicy placement :
-         {sched::PlacementPolicy::kBinPack, sched::PlacementPolicy::kSpread}) {
+         {sched::PlacementPolicy::kBinPack, sched::PlacementPolicy::kSpread,
+          sched::PlacementPolicy::kFgd}) {
       sched::SchedulerConfig config = Config(sched::QueueOrder::kFifo, sched::Backfill::kNone);
       config.placement = placement;
       SimOptions options = Options();
@@ -487,17 +599,23 @@ TEST(Replay, CycleHintsChangeNothing) {
     sched::Backfill backfill;
     bool preempt;
     double starvation;
+    sched::PlacementPolicy placement;
   };
+  constexpr auto kBinPack = sched::PlacementPolicy::kBinPack;
   for (const Variant& v :
-       {Variant{sched::QueueOrder::kFifo, sched::Backfill::kNone, false, 0},
-        Variant{sched::QueueOrder::kFifo, sched::Backfill::kEasy, true, 0},
-        Variant{sched::QueueOrder::kSjf, sched::Backfill::kFirstFit, false, 0},
-        Variant{sched::QueueOrder::kSjf, sched::Backfill::kEasy, true, 0},
-        Variant{sched::QueueOrder::kLas, sched::Backfill::kFirstFit, false, 0},
-        Variant{sched::QueueOrder::kLas, sched::Backfill::kFirstFit, false, 2},
-        Variant{sched::QueueOrder::kFairShare, sched::Backfill::kEasy, false, 0},
-        Variant{sched::QueueOrder::kFairShare, sched::Backfill::kFirstFit, true, 0}}) {
+       {Variant{sched::QueueOrder::kFifo, sched::Backfill::kNone, false, 0, kBinPack},
+        Variant{sched::QueueOrder::kFifo, sched::Backfill::kEasy, true, 0, kBinPack},
+        Variant{sched::QueueOrder::kSjf, sched::Backfill::kFirstFit, false, 0, kBinPack},
+        Variant{sched::QueueOrder::kSjf, sched::Backfill::kEasy, true, 0, kBinPack},
+        Variant{sched::QueueOrder::kLas, sched::Backfill::kFirstFit, false, 0, kBinPack},
+        Variant{sched::QueueOrder::kLas, sched::Backfill::kFirstFit, false, 2, kBinPack},
+        Variant{sched::QueueOrder::kFairShare, sched::Backfill::kEasy, false, 0, kBinPack},
+        Variant{sched::QueueOrder::kFairShare, sched::Backfill::kFirstFit, true, 0, kBinPack},
+        // FGD's caches live in the simulator's allocator across cycles and preemptions.
+        Variant{sched::QueueOrder::kLas, sched::Backfill::kFirstFit, false, 0,
+                sched::PlacementPolicy::kFgd}}) {
     sched::SchedulerConfig config = Config(v.order, v.backfill);
+    config.placement = v.placement;
     // A short half-life reorders the trace's virtual clusters often: the kept queue is re-sorted
     // each time, and must give what a full sort on every cycle gives.
     config.fair_share_half_life_s = 3600;
@@ -507,8 +625,9 @@ TEST(Replay, CycleHintsChangeNothing) {
     const SimResult hinted = Simulate(cluster, trace, config, options);
     options.cycle_hints = false;
     const SimResult plain = Simulate(cluster, trace, config, options);
-    const std::string what = fmt::format("{} {} preempt={} starvation={}", sched::Name(v.order),
-                                         sched::Name(v.backfill), v.preempt, v.starvation);
+    const std::string what =
+        fmt::format("{} {} preempt={} starvation={} {}", sched::Name(v.order),
+                    sched::Name(v.backfill), v.preempt, v.starvation, sched::Name(v.placement));
     ASSERT_EQ(hinted.jobs.size(), plain.jobs.size()) << what;
     for (size_t i = 0; i < plain.jobs.size(); ++i) {
       ASSERT_EQ(hinted.jobs[i].first_start, plain.jobs[i].first_start) << what << " job " << i;
