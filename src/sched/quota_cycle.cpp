@@ -73,19 +73,9 @@ class QuotaCycle {
   Decisions Run(std::span<const PendingJob* const> pending, const CycleOptions& options) {
     explain_ = options.explain_all_waiting;
     std::vector<const PendingJob*> sorted;
-    if (!options.pending_sorted) {
-      std::vector<std::pair<Rank, const PendingJob*>> ranked;
-      ranked.reserve(pending.size());
-      for (const PendingJob* job : pending)
-        ranked.emplace_back(RankOfPending(*job), job);
-      auto less = [](const auto& a, const auto& b) { return a.first < b.first; };
-      if (!std::is_sorted(ranked.begin(), ranked.end(), less))
-        std::sort(ranked.begin(), ranked.end(), less);
-      sorted.reserve(ranked.size());
-      for (const auto& entry : ranked)
-        sorted.push_back(entry.second);
-      pending = sorted;
-    }
+    if (!options.pending_sorted)
+      pending = SortedByRank(
+          pending, [this](const PendingJob& job) { return RankOfPending(job); }, sorted);
     if (explain_) decisions_.waiting.reserve(pending.size());
     // A job's rank is worked out only when something needs it: most jobs of a long queue are
     // passed over on their size alone.

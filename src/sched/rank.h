@@ -1,12 +1,16 @@
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "core/job.h"
 #include "sched/policy.h"
+#include "sched/types.h"
 
 // Internal to src/sched: the queue order shared by the plain and the quota cycle.
 namespace gpufleet::sched {
@@ -23,6 +27,26 @@ struct Rank {
   auto Tuple() const { return std::tie(cls, tiebreak1, tiebreak2, id); }
   bool operator<(const Rank& other) const { return Tuple() < other.Tuple(); }
 };
+
+// `pending` in rank order (`rank_of` gives each job's rank): `pending` itself when already sorted,
+// else a sorted copy kept in `storage`. Callers often keep their queue in order; then no sort.
+template <typename RankOfJob>
+std::span<const PendingJob* const> SortedByRank(std::span<const PendingJob* const> pending,
+                                                RankOfJob rank_of,
+                                                std::vector<const PendingJob*>& storage) {
+  std::vector<std::pair<Rank, const PendingJob*>> ranked;
+  ranked.reserve(pending.size());
+  for (const PendingJob* job : pending)
+    ranked.emplace_back(rank_of(*job), job);
+  auto less = [](const auto& a, const auto& b) { return a.first < b.first; };
+  if (std::is_sorted(ranked.begin(), ranked.end(), less)) return pending;
+  std::sort(ranked.begin(), ranked.end(), less);
+  storage.clear();
+  storage.reserve(ranked.size());
+  for (const auto& entry : ranked)
+    storage.push_back(entry.second);
+  return storage;
+}
 
 inline int64_t LasQueue(int64_t attained_gpu_ms, const SchedulerConfig& config) {
   int64_t queue = 0;

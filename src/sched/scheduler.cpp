@@ -82,19 +82,9 @@ class Cycle {
   Decisions Run(std::span<const PendingJob* const> pending, const CycleOptions& options) {
     explain_ = options.explain_all_waiting;
     std::vector<const PendingJob*> sorted;
-    if (!options.pending_sorted) {
-      std::vector<std::pair<Rank, const PendingJob*>> ranked;
-      ranked.reserve(pending.size());
-      for (const PendingJob* job : pending)
-        ranked.emplace_back(RankOfPending(*job), job);
-      // Callers often keep the queue in order already; skip the sort then.
-      if (!std::is_sorted(ranked.begin(), ranked.end(), RankLess))
-        std::sort(ranked.begin(), ranked.end(), RankLess);
-      sorted.reserve(ranked.size());
-      for (const auto& entry : ranked)
-        sorted.push_back(entry.second);
-      pending = sorted;
-    }
+    if (!options.pending_sorted)
+      pending = SortedByRank(
+          pending, [this](const PendingJob& job) { return RankOfPending(job); }, sorted);
 
     if (explain_) {
       decisions_.waiting.reserve(pending.size());
@@ -158,11 +148,6 @@ class Cycle {
       if (a.job->start_time != b.job->start_time) return a.job->start_time > b.job->start_time;
       return a.job->spec.id > b.job->spec.id;
     });
-  }
-
-  static bool RankLess(const std::pair<Rank, const PendingJob*>& a,
-                       const std::pair<Rank, const PendingJob*>& b) {
-    return a.first < b.first;
   }
 
   Rank RankOfPending(const PendingJob& job) const {

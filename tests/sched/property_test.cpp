@@ -555,24 +555,30 @@ std::string DescribeActions(Decisions d) {
   return Describe(d);
 }
 
+// The cycle with every hint the simulator gives: the queue sorted, the CPU-only jobs counted, no
+// explanations.
+Decisions HintedCycle(const Case& c) {
+  std::vector<const PendingJob*> sorted;
+  for (const PendingJob& job : c.pending)
+    sorted.push_back(&job);
+  std::sort(sorted.begin(), sorted.end(), [&](const PendingJob* a, const PendingJob* b) {
+    return PendingBefore(*a, *b, c.now, c.config);
+  });
+  CycleOptions options;
+  options.pending_sorted = true;
+  options.explain_all_waiting = false;
+  options.cpu_only_pending =
+      std::count_if(c.pending.begin(), c.pending.end(),
+                    [](const PendingJob& j) { return j.spec.gpu_milli_per_task == 0; });
+  return Schedule(c.cluster, c.running, sorted, c.now, c.config, options);
+}
+
 TEST(ScheduleProperty, HintedCycleDecidesTheSameAsAFullOne) {
   int64_t stopped_early = 0;
   for (uint64_t seed = 400'001; seed < 400'001 + 300; ++seed) {
     Case c = RandomCase(seed, 12, 30);
     const Decisions full = Schedule(c.cluster, c.running, c.pending, c.now, c.config);
-    std::vector<const PendingJob*> sorted;
-    for (const PendingJob& job : c.pending)
-      sorted.push_back(&job);
-    std::sort(sorted.begin(), sorted.end(), [&](const PendingJob* a, const PendingJob* b) {
-      return PendingBefore(*a, *b, c.now, c.config);
-    });
-    CycleOptions options;
-    options.pending_sorted = true;
-    options.explain_all_waiting = false;
-    options.cpu_only_pending =
-        std::count_if(c.pending.begin(), c.pending.end(),
-                      [](const PendingJob& j) { return j.spec.gpu_milli_per_task == 0; });
-    const Decisions hinted = Schedule(c.cluster, c.running, sorted, c.now, c.config, options);
+    const Decisions hinted = HintedCycle(c);
     ASSERT_EQ(DescribeActions(full), DescribeActions(hinted)) << "seed " << seed;
     EXPECT_EQ(full.considered, static_cast<int64_t>(c.pending.size())) << "seed " << seed;
     EXPECT_TRUE(hinted.waiting.empty()) << "seed " << seed;  // no explanations asked for
@@ -1114,19 +1120,7 @@ TEST(QuotaProperty, LazyCycleWithHintsDecidesTheSame) {
   for (uint64_t seed = 920'001; seed < 920'001 + 400; ++seed) {
     Case c = RandomQuotaCase(seed, 8, 60);
     const Decisions full = Schedule(c.cluster, c.running, c.pending, c.now, c.config);
-    std::vector<const PendingJob*> sorted;
-    for (const PendingJob& job : c.pending)
-      sorted.push_back(&job);
-    std::sort(sorted.begin(), sorted.end(), [&](const PendingJob* a, const PendingJob* b) {
-      return PendingBefore(*a, *b, c.now, c.config);
-    });
-    CycleOptions options;
-    options.pending_sorted = true;
-    options.explain_all_waiting = false;
-    options.cpu_only_pending =
-        std::count_if(c.pending.begin(), c.pending.end(),
-                      [](const PendingJob& j) { return j.spec.gpu_milli_per_task == 0; });
-    const Decisions hinted = Schedule(c.cluster, c.running, sorted, c.now, c.config, options);
+    const Decisions hinted = HintedCycle(c);
     ASSERT_EQ(DescribeActions(full), DescribeActions(hinted)) << "seed " << seed;
     if (hinted.considered < static_cast<int64_t>(c.pending.size())) ++stopped_early;
   }

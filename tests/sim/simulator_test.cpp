@@ -577,6 +577,21 @@ TEST(Replay, ItpClusterInvariantsUnderEveryPolicy) {
   }
 }
 
+Cluster EightNodes() {
+  UniformClusterShape shape;
+  shape.nodes = 8;
+  return MakeUniformCluster(shape);
+}
+
+// Philly's first 800 jobs, those that fit `cluster`: a long queue on a small cluster.
+Trace PhillyHead(const std::string& path, const Cluster& cluster) {
+  ReadOptions read;
+  read.limit = 800;
+  Trace trace = ReadTrace(path, TraceFormat::kPhilly, read);
+  RemoveInfeasibleJobs(cluster, trace, true);
+  return trace;
+}
+
 // The simulator keeps its queue in the scheduler's order and lets cycles stop early; the
 // scheduler then trusts that order. Any slip (a preempted job re-queued at the wrong place, a
 // wrong CPU-only count) would change decisions, so both ways must give identical runs. Philly's
@@ -584,13 +599,8 @@ TEST(Replay, ItpClusterInvariantsUnderEveryPolicy) {
 TEST(Replay, CycleHintsChangeNothing) {
   const std::string path = std::string(GPUFLEET_TRACES_DIR) + "/philly/philly.csv";
   if (!std::filesystem::exists(path)) GTEST_SKIP() << "no " << path;
-  UniformClusterShape shape;
-  shape.nodes = 8;
-  const Cluster cluster = MakeUniformCluster(shape);
-  ReadOptions read;
-  read.limit = 800;
-  Trace trace = ReadTrace(path, TraceFormat::kPhilly, read);
-  RemoveInfeasibleJobs(cluster, trace, true);
+  const Cluster cluster = EightNodes();
+  Trace trace = PhillyHead(path, cluster);
   // Priorities make FIFO preemption possible.
   for (size_t i = 0; i < trace.jobs.size(); i += 7)
     trace.jobs[i].spec.priority = 1;
@@ -712,13 +722,8 @@ TEST(FairShare, QueueBucketsDoubleOnLongRuns) {
 TEST(Replay, CycleHintsChangeNothingWithQueues) {
   const std::string path = std::string(GPUFLEET_TRACES_DIR) + "/philly/philly.csv";
   if (!std::filesystem::exists(path)) GTEST_SKIP() << "no " << path;
-  UniformClusterShape shape;
-  shape.nodes = 8;
-  const Cluster cluster = MakeUniformCluster(shape);
-  ReadOptions read;
-  read.limit = 800;
-  Trace trace = ReadTrace(path, TraceFormat::kPhilly, read);
-  RemoveInfeasibleJobs(cluster, trace, true);
+  const Cluster cluster = EightNodes();
+  Trace trace = PhillyHead(path, cluster);
   const std::vector<std::string> names = {"a", "b", "c"};
   for (size_t i = 0; i < trace.jobs.size(); ++i)
     trace.jobs[i].spec.queue = names[i % 5 == 0 ? 2 : i % 2];
