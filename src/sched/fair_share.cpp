@@ -19,17 +19,67 @@ double FairShareLedger::Decayed(double gpus, TimeMs start, TimeMs end, TimeMs at
   return gpus * scale * (near - far);
 }
 
+void FairShareLedger::AdvanceTo(TimeMs to) {
+  // The reference only moves forward, so that no span is ever valued ahead of it: decaying keeps
+  // every stored value at most its undecayed GPU-seconds, and every open weight at most its GPUs.
+  if (to <= reference_) return;
+  const double half_life_ms = static_cast<double>(half_life_s_) * kMsPerSecond;
+  const double factor = std::exp2(-static_cast<double>(to - reference_) / half_life_ms);
+  for (auto& entry : usage_)
+    entry.second *= factor;
+  for (auto& entry : open_)
+    entry.second.weight *= factor;
+  reference_ = to;
+}
+
+void FairShareLedger::Open(std::string_view queue, double gpus, TimeMs start) {
+  if (gpus <= 0) return;
+  AdvanceTo(start);
+  auto it = open_.find(queue);
+  if (it == open_.end()) it = open_.emplace(std::string(queue), OpenSum{}).first;
+  const double half_life_ms = static_cast<double>(half_life_s_) * kMsPerSecond;
+  ++it->second.spans;
+  it->second.gpus += gpus;
+  it->second.weight += gpus * std::exp2(-static_cast<double>(reference_ - start) / half_life_ms);
+}
+
+void FairShareLedger::Close(std::string_view queue, double gpus, TimeMs start, TimeMs end) {
+  if (gpus <= 0) return;
+  AdvanceTo(end);
+  if (auto it = open_.find(queue); it != open_.end() && it->second.spans > 0) {
+    const double half_life_ms = static_cast<double>(half_life_s_) * kMsPerSecond;
+    OpenSum& sum = it->second;
+    // The last one out resets the sums, so that rounding never accumulates.
+    if (--sum.spans == 0) {
+      sum = OpenSum{};
+    } else {
+      sum.gpus -= gpus;
+      sum.weight -= gpus * std::exp2(-static_cast<double>(reference_ - start) / half_life_ms);
+    }
+  }
+  AddSpan(queue, gpus, start, end);
+}
+
+std::map<std::string, double, std::less<>> FairShareLedger::UsageAt(TimeMs now) const {
+  std::map<std::string, double, std::less<>> usage = UsageAt(now, {});
+  now = std::max(now, reference_);
+  const double half_life_ms = static_cast<double>(half_life_s_) * kMsPerSecond;
+  const double scale = static_cast<double>(half_life_s_) / std::numbers::ln2;
+  const double factor = std::exp2(-static_cast<double>(now - reference_) / half_life_ms);
+  // Each open span is worth gpus x h/ln2 x (1 - 2^-((now - start) / h)); summed over a queue's
+  // open spans that is h/ln2 x (gpus - weight x 2^-((now - reference) / h)).
+  for (const auto& [queue, sum] : open_) {
+    if (sum.spans == 0) continue;
+    auto it = usage.find(queue);
+    if (it == usage.end()) it = usage.emplace(queue, 0.0).first;
+    it->second += std::max(0.0, scale * (sum.gpus - sum.weight * factor));
+  }
+  return usage;
+}
+
 void FairShareLedger::AddSpan(std::string_view queue, double gpus, TimeMs start, TimeMs end) {
   if (end <= start || gpus <= 0) return;
-  if (end > reference_) {
-    // Move the reference forward so that no span is ever valued ahead of it: decaying keeps
-    // every stored value at most its undecayed GPU-seconds.
-    const double half_life_ms = static_cast<double>(half_life_s_) * kMsPerSecond;
-    const double factor = std::exp2(-static_cast<double>(end - reference_) / half_life_ms);
-    for (auto& entry : usage_)
-      entry.second *= factor;
-    reference_ = end;
-  }
+  AdvanceTo(end);
   auto it = usage_.find(queue);
   if (it == usage_.end()) it = usage_.emplace(std::string(queue), 0.0).first;
   it->second += Decayed(gpus, start, end, reference_);
@@ -51,7 +101,7 @@ std::map<std::string, double, std::less<>> FairShareLedger::UsageAt(
   return usage;
 }
 
-std::map<std::string, double, std::less<>> FairShareFactors(
+std::unordered_map<std::string, double> FairShareFactors(
     const std::map<std::string, double, std::less<>>& usage, std::span<const QueueConfig> queues) {
   std::map<std::string, double, std::less<>> weights;
   if (queues.empty()) {
@@ -67,7 +117,7 @@ std::map<std::string, double, std::less<>> FairShareFactors(
   double total_weight = 0;
   for (const auto& entry : weights)
     total_weight += entry.second;
-  std::map<std::string, double, std::less<>> factors;
+  std::unordered_map<std::string, double> factors;
   for (const auto& [queue, weight] : weights) {
     const auto used = usage.find(queue);
     const double part_used =

@@ -6,6 +6,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 
 #include "core/types.h"
 #include "sched/queues.h"
@@ -38,22 +39,41 @@ class FairShareLedger {
   std::map<std::string, double, std::less<>> UsageAt(TimeMs now,
                                                      std::span<const OpenSpan> open) const;
 
+  // For a caller that sees every start and stop (the simulator), the ledger can keep the open
+  // spans itself: Open when a job starts holding GPUs, Close (which adds the ended span) when it
+  // stops, and UsageAt(now) then costs O(queues) instead of O(running jobs).
+  void Open(std::string_view queue, double gpus, TimeMs start);
+  void Close(std::string_view queue, double gpus, TimeMs start, TimeMs end);
+  std::map<std::string, double, std::less<>> UsageAt(TimeMs now) const;
+
   int64_t half_life_s() const { return half_life_s_; }
 
  private:
   // GPU-seconds that `gpus` GPUs held over [start, end] are worth at `at`.
   double Decayed(double gpus, TimeMs start, TimeMs end, TimeMs at) const;
+  // Moves the reference time forward to `to`, decaying what is kept.
+  void AdvanceTo(TimeMs to);
+
+  // The open spans of one queue, kept by Open and Close: their GPUs, and the sum of
+  // gpus x 2^-((reference - start) / half-life), from which their decayed usage at any later
+  // time follows in O(1).
+  struct OpenSum {
+    int64_t spans = 0;
+    double gpus = 0;
+    double weight = 0;
+  };
 
   int64_t half_life_s_;
-  TimeMs reference_ = 0;  // usage_ is as of this time
+  TimeMs reference_ = 0;  // usage_ and the open sums' weights are as of this time
   std::map<std::string, double, std::less<>> usage_;
+  std::map<std::string, OpenSum, std::less<>> open_;
 };
 
 // Slurm's classic fair-share factor of every queue: F = 2^(-U/S), U the queue's part of all
 // decayed usage and S its part of the weights, so F = 0.5 when a queue used exactly its share,
 // above when less, and 1 when it used nothing. `queues` gives the weights; without configured
 // queues every queue that appears in `usage` weighs 1.
-std::map<std::string, double, std::less<>> FairShareFactors(
+std::unordered_map<std::string, double> FairShareFactors(
     const std::map<std::string, double, std::less<>>& usage, std::span<const QueueConfig> queues);
 
 }  // namespace gpufleet::sched

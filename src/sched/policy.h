@@ -7,6 +7,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "core/job.h"
@@ -96,7 +97,8 @@ struct SchedulerConfig {
   // Fair share: each queue's factor in (0, 1] as FairShareFactors (sched/fair_share.h) computes
   // it from decayed usage. The only part of the config that changes over time: the caller
   // refreshes it before each cycle. A queue not listed has used nothing (factor 1).
-  std::map<std::string, double, std::less<>> fair_share_factor;
+  // Hashed: looked up for every job a cycle ranks.
+  std::unordered_map<std::string, double> fair_share_factor;
   // The task distribution kFgd placement measures fragmentation against; ignored by the other
   // placements.
   std::vector<TaskClass> target_workload;

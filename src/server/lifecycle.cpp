@@ -285,10 +285,8 @@ api::TaskLaunch MakeTaskLaunch(const JobRecord& job, int32_t rank, const std::st
   launch.env["WORLD_SIZE"] = world;
   launch.env["RANK"] = std::to_string(rank);
   launch.env["NODE_RANK"] = std::to_string(rank);
-  // std::string, not a literal: GCC 12 at -O3 warns of a false overlap in assign(const char*)
-  // (-Wrestrict, GCC PR 105329), which breaks -Werror release builds.
-  launch.env["LOCAL_RANK"] = std::string("0");
-  launch.env["LOCAL_WORLD_SIZE"] = std::string("1");
+  launch.env["LOCAL_RANK"] = "0";
+  launch.env["LOCAL_WORLD_SIZE"] = "1";
   launch.env["GPUFLEET_JOB_ID"] = std::to_string(job.id);
   launch.env["GPUFLEET_TASK_INDEX"] = std::to_string(rank);
   launch.env["GPUFLEET_NNODES"] = world;

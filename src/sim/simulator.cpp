@@ -264,8 +264,8 @@ class Replay {
     const int32_t slot = jobs_[index].slot;
     if (fair_share_) {
       const sched::RunningJob& job = running_[static_cast<size_t>(slot)];
-      fair_share_->AddSpan(job.spec.queue, static_cast<double>(jobs_[index].milli) / kMilliPerGpu,
-                           job.start_time, now);
+      fair_share_->Close(job.spec.queue, static_cast<double>(jobs_[index].milli) / kMilliPerGpu,
+                         job.start_time, now);
     }
     if (static_cast<size_t>(slot) + 1 != running_.size()) {
       running_[slot] = std::move(running_.back());
@@ -328,14 +328,7 @@ class Replay {
   }
 
   void UpdateFairShare(TimeMs now) {
-    std::vector<sched::OpenSpan> open;
-    open.reserve(running_.size());
-    for (size_t i = 0; i < running_.size(); ++i)
-      open.push_back({.queue = running_[i].spec.queue,
-                      .gpus = static_cast<double>(running_service_[i].milli) / kMilliPerGpu,
-                      .start = running_[i].start_time});
-    config_.fair_share_factor =
-        sched::FairShareFactors(fair_share_->UsageAt(now, open), config_.queues);
+    config_.fair_share_factor = sched::FairShareFactors(fair_share_->UsageAt(now), config_.queues);
     // Jobs of two queues compare by their factors alone (then by submit time), so the kept order
     // stays valid while the order of the queues' factors, ties included, stays the same: re-sort
     // only when it changes, not on every cycle.
@@ -423,6 +416,8 @@ class Replay {
     allocated_milli_ += state.milli;
     AddQueueMilli(id, state.milli);
     state.where = Where::kRunning;
+    if (fair_share_)
+      fair_share_->Open(running.spec.queue, static_cast<double>(state.milli) / kMilliPerGpu, now);
     state.slot = static_cast<int32_t>(running_.size());
     running_.push_back(std::move(running));
     running_service_.push_back({.earlier_gpu_ms = state.earlier_gpu_ms, .milli = state.milli});
@@ -472,8 +467,19 @@ class Replay {
   bool NothingCanStart() const {
     if (!options_.cycle_hints) return false;
     if (config_.preempt || config_.order == sched::QueueOrder::kLas) return false;
-    if (reclaim_possible_) return false;  // a queue below its guarantee may take GPUs back
-    return cpu_only_pending_ == 0 && allocated_milli_ >= usable_gpu_milli_;
+    if (cpu_only_pending_ != 0 || allocated_milli_ < usable_gpu_milli_) return false;
+    return !(reclaim_possible_ && SomeQueueBelowGuarantee());
+  }
+
+  // A job reclaims only while its queue stays within its guarantee, so with every queue at or
+  // above it no reclaim can start anything. Per-model guarantees are not tallied here: with any
+  // of them, assume some queue may be below.
+  bool SomeQueueBelowGuarantee() const {
+    for (size_t q = 0; q < config_.queues.size(); ++q) {
+      const sched::QueueConfig& queue = config_.queues[q];
+      if (queue.PerModel() || queue_allocated_milli_[q] < queue.guaranteed_milli) return true;
+    }
+    return false;
   }
 
   void MoveQueued(size_t from, size_t to) {

@@ -55,6 +55,41 @@ TEST(FairShareLedger, OpenSpanCountsAsClosedNow) {
   EXPECT_FALSE(open.UsageAt(3 * kHourMs, {}).contains("a"));
 }
 
+// Open/Close keep the running spans in O(queues); they must value usage exactly as the spans
+// listed at each call do, over many overlapping starts and stops in random order of queues.
+TEST(FairShareLedger, KeptOpenSpansMatchListedOnes) {
+  FairShareLedger kept(2 * kHour), listed(2 * kHour);
+  std::vector<OpenSpan> open;
+  const std::vector<std::string> queues = {"a", "b", "c"};
+  uint64_t state = 12345;
+  auto next = [&](uint64_t bound) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (state >> 33) % bound;
+  };
+  TimeMs now = 0;
+  for (int step = 0; step < 2000; ++step) {
+    now += static_cast<TimeMs>(next(20 * 60)) * kMsPerSecond;
+    if (open.empty() || next(3) != 0) {
+      const OpenSpan span{
+          .queue = queues[next(3)], .gpus = 0.5 * static_cast<double>(1 + next(16)), .start = now};
+      kept.Open(span.queue, span.gpus, span.start);
+      open.push_back(span);
+    } else {
+      const size_t which = next(open.size());
+      const OpenSpan span = open[which];
+      kept.Close(span.queue, span.gpus, span.start, now);
+      listed.AddSpan(span.queue, span.gpus, span.start, now);
+      open.erase(open.begin() + static_cast<ptrdiff_t>(which));
+    }
+    if (step % 50 != 0) continue;
+    const auto expected = listed.UsageAt(now, open);
+    const auto got = kept.UsageAt(now);
+    for (const auto& [queue, value] : expected)
+      EXPECT_NEAR(got.contains(queue) ? got.at(queue) : 0.0, value, 1e-6 * (1 + value))
+          << queue << " at step " << step;
+  }
+}
+
 TEST(FairShareFactors, SlurmClassicFormula) {
   // Equal weights (no configured queues): one that used its share exactly gets 0.5.
   auto factors = FairShareFactors({{"a", 50.0}, {"b", 50.0}}, {});
