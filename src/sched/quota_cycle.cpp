@@ -72,15 +72,36 @@ class QuotaCycle {
 
   Decisions Run(std::span<const PendingJob* const> pending, const CycleOptions& options) {
     explain_ = options.explain_all_waiting;
+    if (config_.backfill == Backfill::kNone && !explain_ &&
+        options.pending_per_queue.size() == config_.queues.size()) {
+      jobs_left_.assign(options.pending_per_queue.begin(), options.pending_per_queue.end());
+      for (size_t q = 0; q < jobs_left_.size(); ++q)
+        if (jobs_left_[q] <= 0) MarkQueueDone(q);
+    }
     std::vector<const PendingJob*> sorted;
     if (!options.pending_sorted)
       pending = SortedByRank(
           pending, [this](const PendingJob& job) { return RankOfPending(job); }, sorted);
     if (explain_) decisions_.waiting.reserve(pending.size());
+    // Strict FIFO passes over the jobs of queues that can start nothing more, without touching
+    // them where the caller says which queue each job is in.
+    const std::span<const int32_t> queue_hint =
+        config_.backfill == Backfill::kNone && !explain_ && options.pending_sorted &&
+                options.pending_queue_index.size() == pending.size()
+            ? options.pending_queue_index
+            : std::span<const int32_t>();
     // A job's rank is worked out only when something needs it: most jobs of a long queue are
     // passed over on their size alone.
     size_t i = 0;
     for (; i < pending.size(); ++i) {
+      if (!queue_hint.empty()) {
+        const int32_t q = queue_hint[i];
+        if (q >= 0 && static_cast<size_t>(q) < queue_done_.size() &&
+            queue_done_[static_cast<size_t>(q)]) {
+          if (done_queues_ == queue_done_.size()) break;
+          continue;
+        }
+      }
       std::optional<Rank> rank;
       if (!explain_) {
         const Pass pass = PassOver(*pending[i], rank, options);
@@ -111,6 +132,7 @@ class QuotaCycle {
     used_.assign(queues * resources_, 0);
     cohort_of_.assign(queues, -1);
     queue_blocked_.assign(queues, false);
+    queue_done_.assign(queues, false);
     std::unordered_map<std::string_view, int32_t> cohorts;
     for (size_t q = 0; q < queues; ++q) {
       const QueueConfig& queue = config_.queues[q];
@@ -334,7 +356,7 @@ class QuotaCycle {
   Pass PassOver(const PendingJob& job, std::optional<Rank>& rank, const CycleOptions& options) {
     // Strict FIFO: once the head of every queue waits, nothing behind them may start.
     if (config_.backfill == Backfill::kNone)
-      return blocked_queues_ == config_.queues.size() ? Pass::kStop : Pass::kConsider;
+      return done_queues_ == config_.queues.size() ? Pass::kStop : Pass::kConsider;
     if (config_.backfill == Backfill::kEasy && !reservation_) return Pass::kConsider;
     const JobSpec& spec = job.spec;
     if (spec.gpu_milli_per_task == 0 || MayPlace(spec)) return Pass::kConsider;
@@ -469,6 +491,7 @@ class QuotaCycle {
       return;
     }
     const size_t qi = static_cast<size_t>(q);
+    if (!jobs_left_.empty() && --jobs_left_[qi] == 0) MarkQueueDone(qi);
     // Without explanations, a job that can neither be placed on the free GPUs nor make room by
     // preempting is passed over before anything costlier, where its waiting decides nothing
     // (first fit, or EASY once the reservation is made; strict FIFO blocks its queue below).
@@ -561,8 +584,17 @@ class QuotaCycle {
     }
     if (config_.backfill == Backfill::kNone && !queue_blocked_[qi]) {
       queue_blocked_[qi] = true;
-      ++blocked_queues_;
+      decisions_.blocked_heads.push_back(spec.id);
+      MarkQueueDone(qi);
     }
+  }
+
+  // Strict FIFO: queue q can start nothing more in this cycle (its head waits, or it has no job
+  // left behind this one).
+  void MarkQueueDone(size_t q) {
+    if (queue_done_[q]) return;
+    queue_done_[q] = true;
+    ++done_queues_;
   }
 
   // Stops borrowed work of other queues of the cohort so that a job of queue q, within its
@@ -886,7 +918,9 @@ class QuotaCycle {
   std::deque<JobSpec> restricted_store_;
   std::vector<std::pair<JobSpec, Class>> failed_in_queue_;
   std::vector<bool> queue_blocked_;  // strict FIFO: queues whose head waits
-  size_t blocked_queues_ = 0;
+  std::vector<bool> queue_done_;     // strict FIFO: blocked, or no job of theirs left
+  size_t done_queues_ = 0;
+  std::vector<int64_t> jobs_left_;  // per queue, from CycleOptions::pending_per_queue
   std::vector<std::pair<TimeMs, int64_t>> new_ends_;
   std::optional<Reservation> reservation_;
 };

@@ -99,6 +99,7 @@ class Cycle {
     // no job behind it can preempt either ("only placing"); from then on a job that Place would
     // certainly refuse (more GPUs than are free, or more whole-GPU tasks than the nodes' free
     // GPUs hold) is passed over after a few comparisons.
+    const bool may_preempt_at_all = config_.preempt || config_.order == QueueOrder::kLas;
     size_t i = 0;
     for (; i < pending.size(); ++i) {
       const JobSpec& spec = pending[i]->spec;
@@ -114,7 +115,9 @@ class Cycle {
       if (too_big && blocking_settled &&
           spec.TotalGpuMilli() > allocator_.FreeGpuMilli() + PreemptibleMilli())
         continue;
-      const Rank rank = RankOfPending(*pending[i]);
+      // A rank decides nothing here but preemption (the list is in rank order already), so it
+      // is not worked out for a cycle that cannot preempt: fair share looks up a factor for it.
+      const Rank rank = may_preempt_at_all ? RankOfPending(*pending[i]) : Rank{};
       if (NothingMoreCanStart(rank, options)) break;
       if (cannot_place && blocking_settled && !MayPreempt(rank)) {
         only_placing_ = true;

@@ -27,6 +27,14 @@ struct CycleOptions {
   // does not touch thousands of waiting jobs that cannot start, and asks again with true when it
   // needs to say why a job waits.
   bool explain_all_waiting = true;
+  // How many of the pending jobs belong to each of config.queues, in that order; empty when
+  // unknown. Strict FIFO then stops once every queue is blocked or has no job left behind, instead
+  // of passing over every job of the queues whose heads wait while some queue has none waiting.
+  std::span<const int64_t> pending_per_queue;
+  // With pending_sorted: for each pending job, in the same order, the index of its queue in
+  // config.queues (-1: none). Strict FIFO then passes over the jobs of a blocked queue without
+  // reading them.
+  std::span<const int32_t> pending_queue_index;
 };
 
 // The same cycle over pointers to pending jobs, with hints about them.

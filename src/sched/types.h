@@ -112,6 +112,9 @@ struct Decisions {
   // How many pending jobs the cycle went through, in queue order: all of them unless it stopped
   // early (CycleOptions::explain_all_waiting false).
   int64_t considered = 0;
+  // Strict FIFO with team queues: the job at the head of each queue that waits, so that no job of
+  // its queue behind it may start (in the order the cycle found them).
+  std::vector<JobId> blocked_heads;
 };
 
 }  // namespace gpufleet::sched

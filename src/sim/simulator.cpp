@@ -57,6 +57,7 @@ class Replay {
     if (n == 0) return std::move(result_);
     pending_jobs_.resize(n);  // never reallocated: the queue points into it
     queue_.reserve(std::min<size_t>(n, size_t{1} << 16));
+    queued_queue_index_.reserve(queue_.capacity());
     // Only LAS with a starvation factor reorders jobs while they wait; otherwise the queue is
     // kept in the scheduler's order and the cycle need not sort it.
     // Fair share reorders queues as their usage decays and grows.
@@ -90,6 +91,7 @@ class Replay {
     reclaim_possible_ = std::any_of(config_.queues.begin(), config_.queues.end(),
                                     [](const sched::QueueConfig& q) { return !q.cohort.empty(); });
     queue_allocated_milli_.assign(result_.queue_names.size(), 0);
+    pending_per_queue_.assign(config_.queues.size(), 0);
     for (size_t i = 0; i < n; ++i) {
       const TraceJob& job = trace_.jobs[i];
       if (!queue_index.empty()) {
@@ -132,11 +134,15 @@ class Replay {
         }
         changed = true;
       }
+      if (changed) settled_ = false;
+      bool arrivals_blocked = true;  // every arrival waits behind its queue's blocked head
       while (next_arrival < n && trace_.jobs[next_arrival].spec.submit_time == now) {
-        Arrive(next_arrival++, now);
+        Arrive(next_arrival, now);
+        arrivals_blocked = arrivals_blocked && WaitsBehindBlockedHead(next_arrival, now);
+        ++next_arrival;
         changed = true;
       }
-      if (!changed || PendingCount() == 0 || NothingCanStart()) {
+      if (!changed || PendingCount() == 0 || NothingCanStart() || (settled_ && arrivals_blocked)) {
         // Still record the state change (a completion, or arrivals that must wait).
         if (changed) Record(now);
         continue;
@@ -259,6 +265,13 @@ class Replay {
     if (q >= 0) queue_allocated_milli_[static_cast<size_t>(q)] += milli;
   }
 
+  // Counted for configured queues only, as CycleOptions::pending_per_queue asks.
+  void AddPendingInQueue(size_t index, int64_t count) {
+    const int32_t q = result_.jobs[index].queue;
+    if (q >= 0 && static_cast<size_t>(q) < pending_per_queue_.size())
+      pending_per_queue_[static_cast<size_t>(q)] += count;
+  }
+
   // `now`: when the job stopped holding its GPUs.
   void RemoveRunning(size_t index, TimeMs now) {
     const int32_t slot = jobs_[index].slot;
@@ -293,9 +306,14 @@ class Replay {
       sched::CycleOptions hints;
       hints.pending_sorted = keep_sorted_;
       hints.cpu_only_pending = cpu_only_pending_;
+      hints.pending_per_queue = pending_per_queue_;
+      if (!config_.queues.empty())
+        hints.pending_queue_index =
+            std::span<const int32_t>(queued_queue_index_).subspan(queue_head_);
       hints.explain_all_waiting = false;
       decisions = sched::ScheduleInPlace(capacity_, running, pending, now, config_, hints);
       applied_ = true;
+      Settle(decisions);
     } else {
       // The reference path: a full cycle on a copy, whose decisions Preempt and Start apply.
       decisions = sched::Schedule(capacity_, running, pending, now, config_, sched::CycleOptions{});
@@ -354,8 +372,10 @@ class Replay {
                      [&](const sched::PendingJob* a, const sched::PendingJob* b) {
                        return sched::PendingBefore(*a, *b, now, config_);
                      });
-    for (size_t i = queue_head_; i < queue_.size(); ++i)
+    for (size_t i = queue_head_; i < queue_.size(); ++i) {
       jobs_[queue_[i]->spec.id].slot = static_cast<int32_t>(i);
+      queued_queue_index_[i] = result_.jobs[queue_[i]->spec.id].queue;
+    }
   }
 
   // Why the first job that waits does so, by a cycle with full explanations on the present
@@ -404,6 +424,7 @@ class Replay {
     sched::PendingJob& pending = pending_jobs_[id];
     holes_.push_back(state.slot);
     if (pending.spec.gpu_milli_per_task == 0) --cpu_only_pending_;
+    AddPendingInQueue(id, -1);
     sched::RunningJob running;
     running.spec = std::move(pending.spec);
     running.allocation = std::move(placement.allocation);
@@ -464,6 +485,32 @@ class Replay {
   // Whether a cycle now would certainly start nothing, whatever the policy: every GPU is taken,
   // every pending job needs one, and no job may be preempted to make room. (The scheduler's own
   // early stop uses the same test; here it also saves building the cycle.)
+  // Strict FIFO with team queues and no preemption but reclaim: after a cycle that decided
+  // nothing, the same cycle decides nothing again until something but an arrival changes, or an
+  // arrival ranks ahead of its queue's blocked head or joins a queue without one. (Capacity and
+  // usage are what that cycle saw throughout, so each head waits again whatever the order; fair
+  // share's factors order queues only.) The run then skips the cycle; the reference path
+  // (cycle_hints off) runs every one, and the tests compare the two.
+  void Settle(const sched::Decisions& decisions) {
+    settled_ = !config_.queues.empty() && config_.backfill == sched::Backfill::kNone &&
+               !config_.preempt && config_.order != sched::QueueOrder::kLas &&
+               decisions.placements.empty() && decisions.preemptions.empty();
+    if (!settled_) return;
+    blocked_head_.assign(config_.queues.size(), kNoJob);
+    for (const JobId head : decisions.blocked_heads) {
+      const int32_t q = result_.jobs[head].queue;
+      if (q >= 0) blocked_head_[static_cast<size_t>(q)] = head;
+    }
+  }
+
+  bool WaitsBehindBlockedHead(size_t index, TimeMs now) const {
+    if (!settled_) return false;
+    const int32_t q = result_.jobs[index].queue;
+    if (q < 0 || blocked_head_[static_cast<size_t>(q)] == kNoJob) return false;
+    const JobId head = blocked_head_[static_cast<size_t>(q)];
+    return sched::PendingBefore(pending_jobs_[head], pending_jobs_[index], now, config_);
+  }
+
   bool NothingCanStart() const {
     if (!options_.cycle_hints) return false;
     if (config_.preempt || config_.order == sched::QueueOrder::kLas) return false;
@@ -484,6 +531,7 @@ class Replay {
 
   void MoveQueued(size_t from, size_t to) {
     queue_[to] = queue_[from];
+    queued_queue_index_[to] = queued_queue_index_[from];
     jobs_[queue_[to]->spec.id].slot = static_cast<int32_t>(to);
   }
 
@@ -492,6 +540,7 @@ class Replay {
   void Enqueue(size_t index, TimeMs now) {
     const sched::PendingJob* job = &pending_jobs_[index];
     if (job->spec.gpu_milli_per_task == 0) ++cpu_only_pending_;
+    AddPendingInQueue(index, 1);
     JobState& state = jobs_[index];
     state.where = Where::kPending;
     auto live = queue_.begin() + static_cast<ptrdiff_t>(queue_head_);
@@ -510,8 +559,11 @@ class Replay {
       --queue_head_;
       --at;
       queue_[at] = job;
+      queued_queue_index_[at] = result_.jobs[index].queue;
     } else {
       queue_.insert(position, job);
+      queued_queue_index_.insert(queued_queue_index_.begin() + static_cast<ptrdiff_t>(at),
+                                 result_.jobs[index].queue);
       for (size_t i = at + 1; i < queue_.size(); ++i)
         jobs_[queue_[i]->spec.id].slot = static_cast<int32_t>(i);
     }
@@ -536,6 +588,7 @@ class Replay {
           MoveQueued(read, write++);
       }
       queue_.resize(write);
+      queued_queue_index_.resize(write);
     } else {
       size_t write = last;
       for (size_t h = k; h-- > 0;) {
@@ -549,6 +602,8 @@ class Replay {
     // Drop the dead prefix once it outweighs the live part: amortised O(1) per job.
     if (queue_head_ > 1024 && queue_head_ * 2 > queue_.size()) {
       queue_.erase(queue_.begin(), queue_.begin() + static_cast<ptrdiff_t>(queue_head_));
+      queued_queue_index_.erase(queued_queue_index_.begin(),
+                                queued_queue_index_.begin() + static_cast<ptrdiff_t>(queue_head_));
       queue_head_ = 0;
       for (size_t i = 0; i < queue_.size(); ++i)
         jobs_[queue_[i]->spec.id].slot = static_cast<int32_t>(i);
@@ -582,6 +637,10 @@ class Replay {
   // cycle need not re-commit all running jobs. With cycle hints the cycle works on it in place.
   sched::Allocator capacity_;
   bool applied_ = false;  // the decisions being applied are already in capacity_
+  // See Settle: the last cycle decided nothing and only arrivals behind blocked heads came since.
+  static constexpr JobId kNoJob = std::numeric_limits<JobId>::max();
+  bool settled_ = false;
+  std::vector<JobId> blocked_head_;  // per configured queue, as that cycle found them
 
   std::vector<JobState> jobs_;  // by trace position, which is also the scheduler's job id
   // A pending job lives at pending_jobs_[id] (its spec moves to running_ while it runs). queue_
@@ -589,10 +648,12 @@ class Replay {
   // over time), live from queue_head_ on.
   std::vector<sched::PendingJob> pending_jobs_;
   std::vector<const sched::PendingJob*> queue_;
+  std::vector<int32_t> queued_queue_index_;  // beside queue_: each job's team queue, or -1
   size_t queue_head_ = 0;
   bool keep_sorted_ = true;
   std::vector<int32_t> fair_share_ranks_;  // each queue's place in the factor order, last cycle
   int64_t cpu_only_pending_ = 0;
+  std::vector<int64_t> pending_per_queue_;  // pending jobs of each configured queue
   int64_t usable_gpu_milli_ = 0;
   std::vector<int32_t> holes_;  // queue slots of jobs started in this cycle
   std::vector<sched::RunningJob> running_;

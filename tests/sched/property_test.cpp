@@ -175,6 +175,17 @@ Case RandomCase(uint64_t seed, int32_t max_nodes, int32_t max_pending) {
       shapes.push_back(job.spec);
     c.config.target_workload = TargetWorkloadOf(shapes);
   }
+  // A fifth order jobs by fair share, the pending ones in three team queues with factors of
+  // their own (RandomQuotaCase names its own queues: those get factors too). A generator of its
+  // own, as for FGD.
+  Random fair(seed ^ 0xfa125ea7fa125ea7ULL);
+  if (fair.Chance(0.2)) {
+    c.config.order = QueueOrder::kFairShare;
+    for (const char* team : {"a", "b", "c", "q0", "q1", "q2", "q3"})
+      if (fair.Chance(0.8)) c.config.fair_share_factor[team] = fair.Pick<double>({0.1, 0.5, 0.9});
+    for (PendingJob& job : c.pending)
+      job.spec.queue = fair.Pick<std::string>({"a", "b", "c"});
+  }
   return c;
 }
 
@@ -557,7 +568,8 @@ std::string DescribeActions(Decisions d) {
 
 // The cycle with every hint the simulator gives: the queue sorted, the CPU-only jobs counted, no
 // explanations.
-Decisions HintedCycle(const Case& c) {
+// count_per_queue: with the per-queue hints (counts, and each job's queue).
+Decisions HintedCycle(const Case& c, bool count_per_queue = true) {
   std::vector<const PendingJob*> sorted;
   for (const PendingJob& job : c.pending)
     sorted.push_back(&job);
@@ -570,6 +582,20 @@ Decisions HintedCycle(const Case& c) {
   options.cpu_only_pending =
       std::count_if(c.pending.begin(), c.pending.end(),
                     [](const PendingJob& j) { return j.spec.gpu_milli_per_task == 0; });
+  std::vector<int64_t> per_queue(c.config.queues.size(), 0);
+  std::vector<int32_t> queue_index;
+  for (const PendingJob* job : sorted) {
+    queue_index.push_back(-1);
+    for (size_t q = 0; q < c.config.queues.size(); ++q)
+      if (c.config.queues[q].name == job->spec.queue) {
+        ++per_queue[q];
+        queue_index.back() = static_cast<int32_t>(q);
+      }
+  }
+  if (count_per_queue) {
+    options.pending_per_queue = per_queue;
+    options.pending_queue_index = queue_index;
+  }
   return Schedule(c.cluster, c.running, sorted, c.now, c.config, options);
 }
 
@@ -1117,15 +1143,23 @@ TEST(QuotaProperty, EveryEntryPointDecidesTheSame) {
 // under strict FIFO. Those bounds must only ever skip jobs that would not start.
 TEST(QuotaProperty, LazyCycleWithHintsDecidesTheSame) {
   int64_t stopped_early = 0;
+  int64_t stopped_by_count = 0;  // strict FIFO: every queue blocked or without jobs left
   for (uint64_t seed = 920'001; seed < 920'001 + 400; ++seed) {
     Case c = RandomQuotaCase(seed, 8, 60);
     const Decisions full = Schedule(c.cluster, c.running, c.pending, c.now, c.config);
     const Decisions hinted = HintedCycle(c);
     ASSERT_EQ(DescribeActions(full), DescribeActions(hinted)) << "seed " << seed;
     if (hinted.considered < static_cast<int64_t>(c.pending.size())) ++stopped_early;
+    if (c.config.backfill == Backfill::kNone) {
+      const Decisions uncounted = HintedCycle(c, false);
+      ASSERT_EQ(DescribeActions(full), DescribeActions(uncounted)) << "seed " << seed;
+      if (hinted.considered < uncounted.considered) ++stopped_by_count;
+    }
   }
-  std::cout << stopped_early << " cycles stopped early\n";
+  std::cout << stopped_early << " cycles stopped early, " << stopped_by_count
+            << " sooner for the per-queue counts\n";
   EXPECT_GT(stopped_early, 30);  // the early stop must actually be exercised
+  EXPECT_GT(stopped_by_count, 10);
 }
 
 // The quota cycle ranks every running job each cycle with RunningClassOf instead of RankOf.
@@ -1145,15 +1179,16 @@ TEST(QuotaProperty, RunningClassIsTheRankClass) {
 TEST(QuotaProperty, OneUnboundedQueueDecidesLikeNoQueues) {
   for (uint64_t seed = 920'001; seed < 920'001 + 600; ++seed) {
     Case c = RandomCase(seed, 12, 30);
+    // Renamed before both cycles: fair share ranks jobs by their queue's factor.
+    for (RunningJob& job : c.running)
+      job.spec.queue = "all";
+    for (PendingJob& job : c.pending)
+      job.spec.queue = "all";
     const Decisions plain = Schedule(c.cluster, c.running, c.pending, c.now, c.config);
     QueueConfig all;
     all.name = "all";
     all.guaranteed_milli = int64_t{1} << 40;
     c.config.queues = {all};
-    for (RunningJob& job : c.running)
-      job.spec.queue = "all";
-    for (PendingJob& job : c.pending)
-      job.spec.queue = "all";
     const Decisions quota = Schedule(c.cluster, c.running, c.pending, c.now, c.config);
     ASSERT_EQ(Describe(plain), Describe(quota))
         << "seed " << seed << ", order " << Name(c.config.order) << ", backfill "
