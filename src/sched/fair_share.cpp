@@ -9,26 +9,38 @@ namespace gpufleet::sched {
 FairShareLedger::FairShareLedger(int64_t half_life_s)
     : half_life_s_(std::max<int64_t>(1, half_life_s)) {}
 
+namespace {
+
+// 1 - 2^-(ms / half_life_ms), without the cancellation of subtracting two nearby powers: spans
+// are mostly hours against a half-life of days.
+double DecayedFraction(TimeMs ms, double half_life_ms) {
+  return -std::expm1(-static_cast<double>(ms) * std::numbers::ln2 / half_life_ms);
+}
+
+}  // namespace
+
 double FairShareLedger::Decayed(double gpus, TimeMs start, TimeMs end, TimeMs at) const {
   if (end <= start || gpus <= 0) return 0;
   const double half_life_ms = static_cast<double>(half_life_s_) * kMsPerSecond;
-  // The integral of 2^-((at - s) / h) over [start, end], in seconds.
+  // The integral of 2^-((at - s) / h) over [start, end], in seconds:
+  // h/ln2 x 2^-((at - end) / h) x (1 - 2^-((end - start) / h)).
   const double scale = static_cast<double>(half_life_s_) / std::numbers::ln2;
   const double near = std::exp2(-static_cast<double>(at - end) / half_life_ms);
-  const double far = std::exp2(-static_cast<double>(at - start) / half_life_ms);
-  return gpus * scale * (near - far);
+  return gpus * scale * near * DecayedFraction(end - start, half_life_ms);
 }
 
 void FairShareLedger::AdvanceTo(TimeMs to) {
-  // The reference only moves forward, so that no span is ever valued ahead of it: decaying keeps
-  // every stored value at most its undecayed GPU-seconds, and every open weight at most its GPUs.
+  // The reference only moves forward, so that no span is ever valued ahead of it.
   if (to <= reference_) return;
   const double half_life_ms = static_cast<double>(half_life_s_) * kMsPerSecond;
   const double factor = std::exp2(-static_cast<double>(to - reference_) / half_life_ms);
   for (auto& entry : usage_)
     entry.second *= factor;
+  // Open spans decay what they had and add what their GPUs used since: sums of positive terms.
+  const double grown = static_cast<double>(half_life_s_) / std::numbers::ln2 *
+                       DecayedFraction(to - reference_, half_life_ms);
   for (auto& entry : open_)
-    entry.second.weight *= factor;
+    entry.second.usage = entry.second.usage * factor + entry.second.gpus * grown;
   reference_ = to;
 }
 
@@ -37,24 +49,22 @@ void FairShareLedger::Open(std::string_view queue, double gpus, TimeMs start) {
   AdvanceTo(start);
   auto it = open_.find(queue);
   if (it == open_.end()) it = open_.emplace(std::string(queue), OpenSum{}).first;
-  const double half_life_ms = static_cast<double>(half_life_s_) * kMsPerSecond;
   ++it->second.spans;
   it->second.gpus += gpus;
-  it->second.weight += gpus * std::exp2(-static_cast<double>(reference_ - start) / half_life_ms);
+  it->second.usage += Decayed(gpus, start, reference_, reference_);  // a start in the past
 }
 
 void FairShareLedger::Close(std::string_view queue, double gpus, TimeMs start, TimeMs end) {
   if (gpus <= 0) return;
   AdvanceTo(end);
   if (auto it = open_.find(queue); it != open_.end() && it->second.spans > 0) {
-    const double half_life_ms = static_cast<double>(half_life_s_) * kMsPerSecond;
     OpenSum& sum = it->second;
     // The last one out resets the sums, so that rounding never accumulates.
     if (--sum.spans == 0) {
       sum = OpenSum{};
     } else {
       sum.gpus -= gpus;
-      sum.weight -= gpus * std::exp2(-static_cast<double>(reference_ - start) / half_life_ms);
+      sum.usage = std::max(0.0, sum.usage - Decayed(gpus, start, reference_, reference_));
     }
   }
   AddSpan(queue, gpus, start, end);
@@ -64,15 +74,14 @@ std::map<std::string, double, std::less<>> FairShareLedger::UsageAt(TimeMs now) 
   std::map<std::string, double, std::less<>> usage = UsageAt(now, {});
   now = std::max(now, reference_);
   const double half_life_ms = static_cast<double>(half_life_s_) * kMsPerSecond;
-  const double scale = static_cast<double>(half_life_s_) / std::numbers::ln2;
   const double factor = std::exp2(-static_cast<double>(now - reference_) / half_life_ms);
-  // Each open span is worth gpus x h/ln2 x (1 - 2^-((now - start) / h)); summed over a queue's
-  // open spans that is h/ln2 x (gpus - weight x 2^-((now - reference) / h)).
+  const double grown = static_cast<double>(half_life_s_) / std::numbers::ln2 *
+                       DecayedFraction(now - reference_, half_life_ms);
   for (const auto& [queue, sum] : open_) {
     if (sum.spans == 0) continue;
     auto it = usage.find(queue);
     if (it == usage.end()) it = usage.emplace(queue, 0.0).first;
-    it->second += std::max(0.0, scale * (sum.gpus - sum.weight * factor));
+    it->second += sum.usage * factor + sum.gpus * grown;
   }
   return usage;
 }

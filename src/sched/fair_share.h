@@ -54,17 +54,15 @@ class FairShareLedger {
   // Moves the reference time forward to `to`, decaying what is kept.
   void AdvanceTo(TimeMs to);
 
-  // The open spans of one queue, kept by Open and Close: their GPUs, and the sum of
-  // gpus x 2^-((reference - start) / half-life), from which their decayed usage at any later
-  // time follows in O(1).
+  // The open spans of one queue, kept by Open and Close: how many, their GPUs, and their decayed
+  // GPU-seconds as of the reference time, which AdvanceTo carries forward in O(1).
   struct OpenSum {
     int64_t spans = 0;
     double gpus = 0;
-    double weight = 0;
+    double usage = 0;
   };
-
   int64_t half_life_s_;
-  TimeMs reference_ = 0;  // usage_ and the open sums' weights are as of this time
+  TimeMs reference_ = 0;  // usage_ and the open sums are as of this time
   std::map<std::string, double, std::less<>> usage_;
   std::map<std::string, OpenSum, std::less<>> open_;
 };

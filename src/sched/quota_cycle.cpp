@@ -502,9 +502,13 @@ class QuotaCycle {
         !MayPreemptInQueue(q, RankOfPending(job, lazy_rank), spec.TotalGpuMilli()))
       return;
     if (!explain_ && config_.backfill == Backfill::kNone && queue_blocked_[qi]) return;
-    if (const auto infeasible = NeverFits(spec)) {
-      Wait(spec, *infeasible);  // never blocks the jobs behind it
-      return;
+    // A job that can never run never blocks the jobs behind it. Without explanations that is
+    // asked only where it would (below): a job that is placed or takes victims fits.
+    if (explain_) {
+      if (const auto infeasible = NeverFits(spec)) {
+        Wait(spec, *infeasible);
+        return;
+      }
     }
     const int64_t demand = spec.TotalGpuMilli();
     const std::vector<int32_t>& candidates = CandidatesFor(spec, qi);
@@ -573,7 +577,16 @@ class QuotaCycle {
         TryPreemptInQueue(spec, q, RankOfPending(job, lazy_rank), candidates))
       return;
 
-    if (refusal && !admitted) {
+    const bool over_quota = refusal && !admitted;
+    if (!explain_) {
+      // Waiting decides something only where it blocks the queue (strict FIFO) or takes the
+      // reservation (EASY, the first job the quota admits), and then only for a job that could
+      // ever run.
+      const bool decides = config_.backfill == Backfill::kNone ||
+                           (config_.backfill == Backfill::kEasy && !reservation_ && !over_quota);
+      if (!decides || NeverFits(spec)) return;
+    }
+    if (over_quota) {
       QuotaWaitFor(spec, refusal->reason, q, refused_resource);
     } else {
       // Quota admits it (or it needs none): it waits for capacity, and under EASY the first such

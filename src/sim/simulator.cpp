@@ -272,13 +272,19 @@ class Replay {
       pending_per_queue_[static_cast<size_t>(q)] += count;
   }
 
+  // Under fair share every job has a queue: a configured one, or one the trace names.
+  const std::string& FairShareQueue(size_t index) const {
+    return result_.queue_names[static_cast<size_t>(result_.jobs[index].queue)];
+  }
+
   // `now`: when the job stopped holding its GPUs.
   void RemoveRunning(size_t index, TimeMs now) {
     const int32_t slot = jobs_[index].slot;
     if (fair_share_) {
-      const sched::RunningJob& job = running_[static_cast<size_t>(slot)];
-      fair_share_->Close(job.spec.queue, static_cast<double>(jobs_[index].milli) / kMilliPerGpu,
-                         job.start_time, now);
+      // Named from the report, not the running spec: Preempt has moved that out already.
+      fair_share_->Close(FairShareQueue(index),
+                         static_cast<double>(jobs_[index].milli) / kMilliPerGpu,
+                         running_[static_cast<size_t>(slot)].start_time, now);
     }
     if (static_cast<size_t>(slot) + 1 != running_.size()) {
       running_[slot] = std::move(running_.back());
@@ -438,7 +444,7 @@ class Replay {
     AddQueueMilli(id, state.milli);
     state.where = Where::kRunning;
     if (fair_share_)
-      fair_share_->Open(running.spec.queue, static_cast<double>(state.milli) / kMilliPerGpu, now);
+      fair_share_->Open(FairShareQueue(id), static_cast<double>(state.milli) / kMilliPerGpu, now);
     state.slot = static_cast<int32_t>(running_.size());
     running_.push_back(std::move(running));
     running_service_.push_back({.earlier_gpu_ms = state.earlier_gpu_ms, .milli = state.milli});

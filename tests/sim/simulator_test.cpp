@@ -696,6 +696,44 @@ TEST(FairShare, QueueThatUsedLessGoesFirst) {
 
 // Buckets start at an hour and double, merging neighbours, so a long run keeps at most
 // kMaxQueueBuckets of them and loses no GPU time.
+// A preempted run counts for its queue as a finished one does, and only until it stops. On 4 GPUs:
+// a1 (team a) runs 100 s until b1, of higher priority, preempts it and runs 50 s. At 150 s a1, a2
+// and b2 wait: a used 400 GPU-s and b 200, so b2 goes first and a1 (4 GPUs) waits behind it while
+// a2 fits beside it. Were a1's preempted run lost, a would have used nothing and a1 would take
+// every GPU at 150 s.
+TEST(FairShare, PreemptedRunsCountForTheirQueue) {
+  std::vector<TraceJob> jobs = {Job(0, 0, 1000, 4), Job(1, 100, 50, 4, 1), Job(2, 150, 10, 2),
+                                Job(3, 150, 10, 2)};
+  for (const size_t i : {0, 2})
+    jobs[i].spec.queue = "a";
+  for (const size_t i : {1, 3})
+    jobs[i].spec.queue = "b";
+  sched::SchedulerConfig config = Config(sched::QueueOrder::kFairShare, sched::Backfill::kFirstFit);
+  config.preempt = true;
+  for (const bool hints : {true, false}) {
+    SimOptions options = Options();
+    options.cycle_hints = hints;
+    const SimResult result = Simulate(OneNode(4), MakeTrace(jobs), config, options);
+    EXPECT_EQ(result.jobs[0].preemptions, 1);
+    EXPECT_EQ(result.jobs[3].first_start, 150 * kSec) << "hints " << hints;
+    EXPECT_EQ(result.jobs[2].first_start, 150 * kSec) << "hints " << hints;
+    EXPECT_EQ(result.jobs[0].finish, (160 + 900 + 30) * kSec) << "hints " << hints;
+  }
+  // And a preempted run stops counting: b1 now runs 500 s (2,000 GPU-s against a's 400), so at
+  // 600 s a goes first and a1 takes every GPU. Were a1 still counted as running, a would have
+  // used 2,400 and b2 and a2 would start instead.
+  jobs[1].duration = 500 * kSec;
+  for (const size_t i : {2, 3})
+    jobs[i].spec.submit_time = 600 * kSec;
+  for (const bool hints : {true, false}) {
+    SimOptions options = Options();
+    options.cycle_hints = hints;
+    const SimResult result = Simulate(OneNode(4), MakeTrace(jobs), config, options);
+    EXPECT_EQ(result.jobs[0].finish, (600 + 900 + 30) * kSec) << "hints " << hints;
+    EXPECT_EQ(result.jobs[3].first_start, (600 + 900 + 30) * kSec) << "hints " << hints;
+  }
+}
+
 TEST(FairShare, QueueBucketsDoubleOnLongRuns) {
   std::vector<TraceJob> jobs;
   for (JobId id = 0; id < 200; ++id) {
