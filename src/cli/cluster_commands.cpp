@@ -192,14 +192,19 @@ int RunUsage(const ClusterArgs& args, const Client& client) {
   const TimeMs now = NowMs();
   std::string error;
   auto since = ParseSince(args.since, now, error);
-  if (!since) return Fail("--since " + error);
+  // Bad flags exit 2, as every other command's do; only the server's answer exits 1.
+  const auto bad_flag = [](std::string_view message) {
+    Fail(message);
+    return kExitUsage;
+  };
+  if (!since) return bad_flag("--since " + error);
   TimeMs until = now;
   if (!args.until.empty()) {
     auto parsed = ParseSince(args.until, now, error);
-    if (!parsed) return Fail("--until " + error);
+    if (!parsed) return bad_flag("--until " + error);
     until = *parsed;
   }
-  if (until <= *since) return Fail("--until must be later than --since");
+  if (until <= *since) return bad_flag("--until must be later than --since");
   ApiResult answer = client.Get(
       fmt::format("/usage?since_ms={}&until_ms={}&by={}", *since, until, UrlEncode(args.by)));
   if (!answer.ok()) return Fail(answer.message);
