@@ -612,7 +612,7 @@ class QuotaCycle {
 
   // Stops borrowed work of other queues of the cohort so that a job of queue q, within its
   // guarantee on resource r, fits: victims are preemptible running jobs of queues above their
-  // guarantee on r, taken only while their queue stays at or above its guarantee afterwards.
+  // guarantee on r, each taken only while its queue is still above it (see `eligible`).
   // Fewest victims first (one victim if any single one makes room), then lowest priority, then
   // least progress lost (shortest run since its start). All or nothing.
   bool TryReclaim(const JobSpec& spec, int32_t q, int32_t r) {
@@ -629,30 +629,30 @@ class QuotaCycle {
     // Victims depend on the queue (never its own jobs), so failures are kept per queue.
     for (const auto& [shape, resource, queue] : failed_reclaims_)
       if (resource == r && queue == q && shape == Shape{&placing_copy}) return false;
-    // Victims are only taken while their queue stays at or above its guarantee, so with one
-    // resource (every job's use is all its GPUs) they free at most what the other queues borrow:
-    // if that and the free GPUs cannot hold the job, the search below would fail.
+    // Victims come only from queues borrowing on r, so with one resource (every job's use is all
+    // its GPUs) they free at most what those queues hold: if that and the free GPUs cannot hold
+    // the job, the search below would fail.
     if (resources_ == 1) {
       int64_t bound = allocator_.FreeGpuMilli();
       for (int32_t member : cohort_members_[static_cast<size_t>(c)])
-        if (member != q)
-          bound += std::max<int64_t>(0, used_[Index(member, 0)] - nominal_[Index(member, 0)]);
+        if (member != q && used_[Index(member, 0)] > nominal_[Index(member, 0)])
+          bound += used_[Index(member, 0)];
       if (bound < placing_copy.TotalGpuMilli()) {
         failed_reclaims_.emplace_back(Shape{&placing_copy}, r, q);
         return false;
       }
     }
 
-    // Whether stopping victim i keeps its queue at or above its guarantee, and frees quota on r.
+    // Whether victim i may be taken now: it holds quota on r and its queue is borrowing on r, as
+    // Kueue asks before each victim. Taking it may leave that queue below its guarantee (the
+    // borrower bears the granularity of its own jobs), but a queue within its guarantee never
+    // loses a job to a reclaim.
     auto eligible = [&](size_t i) {
       const int32_t vq = running_queue_[i];
-      bool frees_r = false;
-      for (const Use& use : RunningUses(i)) {
-        if (use.resource == r && use.milli > 0) frees_r = true;
-        if (used_[Index(vq, use.resource)] - use.milli < nominal_[Index(vq, use.resource)])
-          return false;
-      }
-      return frees_r;
+      if (used_[Index(vq, r)] <= nominal_[Index(vq, r)]) return false;
+      for (const Use& use : RunningUses(i))
+        if (use.resource == r && use.milli > 0) return true;
+      return false;
     };
     std::vector<size_t> order;
     int64_t reachable = allocator_.FreeGpuMilli();

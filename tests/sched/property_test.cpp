@@ -1023,16 +1023,28 @@ void CheckQuotaDecisions(const Case& c, const Decisions& d) {
                   ClassOf(c.config, victim.spec, victim.attained_gpu_ms, -1, c.now));
       }
     }
-    // No queue is preempted below its guarantee by a reclaim.
-    for (const Preemption& pre : d.preemptions) {
-      if (pre.for_job != p.job || pre.reason != PreemptReason::kReclaim) continue;
-      const RunningJob& victim = *running[pre.job];
-      const QueueConfig* victim_queue = FindQueue(c.config, victim.spec.queue);
-      for (const auto& [resource, milli] :
-           UsesOf(c.cluster, *victim_queue, victim.spec, victim.allocation))
-        EXPECT_GE((usage[{victim_queue->name, resource}]), Nominal(*victim_queue, resource))
-            << "reclaim for job " << p.job << " took queue " << victim_queue->name
-            << " below its guarantee on '" << resource << "'";
+    // Reclaim victims come from queues borrowing on the reclaiming job's resource, each taken
+    // while its queue still borrowed there: with all of them stopped, each victim queue holds
+    // more than its guarantee less its largest victim on that resource.
+    const auto own_uses = UsesOf(c.cluster, *queue, spec, p.allocation);
+    if (reclaimed && own_uses.size() == 1) {
+      const std::string& resource = own_uses.begin()->first;
+      std::map<std::string, int64_t> largest;  // per victim queue, on `resource`
+      for (const Preemption& pre : d.preemptions) {
+        if (pre.for_job != p.job || pre.reason != PreemptReason::kReclaim) continue;
+        const RunningJob& victim = *running[pre.job];
+        const QueueConfig* victim_queue = FindQueue(c.config, victim.spec.queue);
+        const auto victim_uses = UsesOf(c.cluster, *victim_queue, victim.spec, victim.allocation);
+        const auto on = victim_uses.find(resource);
+        ASSERT_TRUE(on != victim_uses.end() && on->second > 0)
+            << "reclaim for job " << p.job << " took job " << pre.job
+            << ", which frees no quota on '" << resource << "'";
+        largest[victim_queue->name] = std::max(largest[victim_queue->name], on->second);
+      }
+      for (const auto& [name, milli] : largest)
+        EXPECT_GT((usage[{name, resource}] + milli), Nominal(*FindQueue(c.config, name), resource))
+            << "reclaim for job " << p.job << " took from queue " << name
+            << " after it stopped borrowing on '" << resource << "'";
     }
     add(spec, p.allocation, +1);
     const auto uses = UsesOf(c.cluster, *queue, spec, p.allocation);
