@@ -371,7 +371,9 @@ void Server::Impl::IndexJobLocked(const JobRecord& job) {
   for (; counted < ended.size(); ++counted) {
     const auto [start, end] = ended[counted];
     fair_share.AddSpan(job.spec.queue, gpus, start, end);
-    ended_gpu_ms_by_team[job.team] += SpanGpuMs(job, start, end);
+    const int64_t gpu_ms = SpanGpuMs(job, start, end);
+    ended_gpu_ms_by_team[job.team] += gpu_ms;
+    ended_gpu_ms_by_user[{job.team, job.user}] += gpu_ms;
   }
   pending_jobs.erase(job.id);
   active_jobs.erase(job.id);
@@ -852,6 +854,7 @@ void Server::Impl::ApplyLocked(const Snapshot& snapshot, const sched::Decisions&
       wake.push_back(node);
     }
     RequeueJob(job, DescribePreemption(preemption), now);
+    ++preemptions_by_reason[sched::PreemptReasonCode(preemption.reason)];
     IndexJobLocked(job);
     batch.push_back(PutJobLocked(job));
   }

@@ -423,9 +423,10 @@ void UndrainNode(Impl& s, const HttpRequest& request, const Caller& caller, Http
   SetDrained(s, request, caller, std::move(respond), false);
 }
 
-void ListQueues(Impl& s, const HttpRequest&, const Caller&, HttpResponder respond) {
-  // Queues exist by use: "default" always, and every queue a job (even a finished one) named,
-  // so an idle queue still shows with zeros.
+// Every queue with its jobs, quota and fair share, for GET /queues and /metrics. Queues exist by
+// use: "default" always, and every queue a job (even a finished one) named, so an idle queue
+// still shows with zeros.
+std::map<std::string, api::QueueStatus> QueueStatuses(Impl& s) {
   std::map<std::string, api::QueueStatus> queues;
   if (s.options.scheduler.queues.empty()) queues["default"].name = "default";
   for (const sched::QueueConfig& config : s.options.scheduler.queues) {
@@ -442,34 +443,36 @@ void ListQueues(Impl& s, const HttpRequest&, const Caller&, HttpResponder respon
     queue.gpu_milli_borrowing_limit = config.borrowing_limit_milli;
     queue.weight = config.weight;
   }
-  {
-    // Only the pending and active jobs are visited: `top` asks every two seconds, and the job
-    // history may hold hundreds of thousands.
-    std::lock_guard lock(s.mu);
-    for (const std::string& name : s.queue_names)
-      queues[name].name = name;
-    for (const auto& [id, pending] : s.pending_jobs) {
-      api::QueueStatus& queue = queues[pending->spec.queue];
-      ++queue.pending;
-      queue.gpu_milli_pending += pending->spec.TotalGpuMilli();
-    }
-    for (JobId id : s.active_jobs) {
-      const JobRecord& job = s.jobs.at(id);
-      api::QueueStatus& queue = queues[job.spec.queue];
-      ++queue.running;
-      queue.gpu_milli_running += job.spec.gpu_milli_per_task * job.spec.tasks;
-    }
-    const auto usage = s.FairShareUsageLocked(WallMs());
-    const auto factors = sched::FairShareFactors(usage, s.options.scheduler.queues);
-    for (auto& [name, queue] : queues) {
-      if (auto used = usage.find(name); used != usage.end())
-        queue.fair_share_usage_gpu_hours = used->second / 3600.0;
-      if (auto factor = factors.find(name); factor != factors.end())
-        queue.fair_share_factor = factor->second;
-    }
+  // Only the pending and active jobs are visited: `top` asks every two seconds, and the job
+  // history may hold hundreds of thousands.
+  std::lock_guard lock(s.mu);
+  for (const std::string& name : s.queue_names)
+    queues[name].name = name;
+  for (const auto& [id, pending] : s.pending_jobs) {
+    api::QueueStatus& queue = queues[pending->spec.queue];
+    ++queue.pending;
+    queue.gpu_milli_pending += pending->spec.TotalGpuMilli();
   }
+  for (JobId id : s.active_jobs) {
+    const JobRecord& job = s.jobs.at(id);
+    api::QueueStatus& queue = queues[job.spec.queue];
+    ++queue.running;
+    queue.gpu_milli_running += job.spec.gpu_milli_per_task * job.spec.tasks;
+  }
+  const auto usage = s.FairShareUsageLocked(WallMs());
+  const auto factors = sched::FairShareFactors(usage, s.options.scheduler.queues);
+  for (auto& [name, queue] : queues) {
+    if (auto used = usage.find(name); used != usage.end())
+      queue.fair_share_usage_gpu_hours = used->second / 3600.0;
+    if (auto factor = factors.find(name); factor != factors.end())
+      queue.fair_share_factor = factor->second;
+  }
+  return queues;
+}
+
+void ListQueues(Impl& s, const HttpRequest&, const Caller&, HttpResponder respond) {
   json list = json::array();
-  for (const auto& [name, queue] : queues)
+  for (const auto& [name, queue] : QueueStatuses(s))
     list.push_back(queue);
   respond(JsonResponse(200, json{{"queues", std::move(list)}}));
 }
@@ -732,19 +735,26 @@ HttpResponse Metrics(Impl& s) {
   uint64_t audit_entries = 0;
   size_t parked = 0;
   std::map<std::string, int64_t> gpu_ms_by_team;
+  std::map<std::pair<std::string, std::string>, int64_t> gpu_ms_by_user;
   std::map<std::string, int64_t> idle_by_queue;
   uint64_t idle_reclaims = 0;
+  std::map<std::string, uint64_t> preemptions_by_reason;
+  const std::map<std::string, api::QueueStatus> queues = QueueStatuses(s);
   {
     std::lock_guard lock(s.mu);
+    preemptions_by_reason = s.preemptions_by_reason;
     const TimeMs now = WallMs();
     for (const auto& [id, job] : s.jobs)
       ++jobs_by[{job.spec.queue, std::string(api::JobStateName(job.state))}];
     // Ended spans are kept counted; only the running jobs' current spans are added up here.
     gpu_ms_by_team = s.ended_gpu_ms_by_team;
+    gpu_ms_by_user = s.ended_gpu_ms_by_user;
     for (JobId id : s.active_jobs) {
       const JobRecord& job = s.jobs.at(id);
       const TimeMs start = ServiceOf(job, now).run_start;
-      gpu_ms_by_team[job.team] += SpanGpuMs(job, start, std::max(start, now));
+      const int64_t gpu_ms = SpanGpuMs(job, start, std::max(start, now));
+      gpu_ms_by_team[job.team] += gpu_ms;
+      gpu_ms_by_user[{job.team, job.user}] += gpu_ms;
     }
     for (const auto& [name, entry] : s.nodes) {
       ++nodes_by[std::string(api::NodeStateName(entry.record.state))];
@@ -773,8 +783,60 @@ HttpResponse Metrics(Impl& s) {
     out += fmt::format("gpufleet_team_gpu_seconds_total{{team=\"{}\"}} {:.3f}\n", PromLabel(team),
                        static_cast<double>(gpu_ms) / 1000.0);
   out +=
+      "# HELP gpufleet_user_gpu_seconds_total GPU-seconds held by each user's jobs since the "
+      "store began.\n# TYPE gpufleet_user_gpu_seconds_total counter\n";
+  for (const auto& [who, gpu_ms] : gpu_ms_by_user)
+    out += fmt::format("gpufleet_user_gpu_seconds_total{{team=\"{}\",user=\"{}\"}} {:.3f}\n",
+                       PromLabel(who.first), PromLabel(who.second),
+                       static_cast<double>(gpu_ms) / 1000.0);
+  // Per queue, as GET /queues shows it (Kueue's cluster_queue_resource_usage and nominal_quota).
+  const auto gpus = [](MilliGpu milli) { return static_cast<double>(milli) / kMilliPerGpu; };
+  out +=
+      "# HELP gpufleet_queue_gpus GPUs asked for by each queue's jobs: running (scheduled, "
+      "starting or running) or pending.\n# TYPE gpufleet_queue_gpus gauge\n";
+  for (const auto& [name, queue] : queues) {
+    out += fmt::format("gpufleet_queue_gpus{{queue=\"{}\",state=\"running\"}} {}\n",
+                       PromLabel(name), gpus(queue.gpu_milli_running));
+    out += fmt::format("gpufleet_queue_gpus{{queue=\"{}\",state=\"pending\"}} {}\n",
+                       PromLabel(name), gpus(queue.gpu_milli_pending));
+  }
+  out +=
+      "# HELP gpufleet_queue_guaranteed_gpus GPUs guaranteed to each configured queue (all "
+      "models).\n# TYPE gpufleet_queue_guaranteed_gpus gauge\n";
+  for (const auto& [name, queue] : queues)
+    if (queue.configured)
+      out +=
+          fmt::format("gpufleet_queue_guaranteed_gpus{{queue=\"{}\",cohort=\"{}\"}} {}\n",
+                      PromLabel(name), PromLabel(queue.cohort), gpus(queue.gpu_milli_guaranteed));
+  out +=
+      "# HELP gpufleet_queue_borrowing_limit_gpus GPUs a queue may borrow beyond its guarantee, "
+      "where limited.\n# TYPE gpufleet_queue_borrowing_limit_gpus gauge\n";
+  for (const auto& [name, queue] : queues)
+    if (queue.gpu_milli_borrowing_limit)
+      out += fmt::format("gpufleet_queue_borrowing_limit_gpus{{queue=\"{}\"}} {}\n",
+                         PromLabel(name), gpus(*queue.gpu_milli_borrowing_limit));
+  out +=
+      "# HELP gpufleet_queue_fair_share_usage_gpu_hours Each queue's GPU-hours decayed by the "
+      "fair-share half-life.\n# TYPE gpufleet_queue_fair_share_usage_gpu_hours gauge\n";
+  for (const auto& [name, queue] : queues)
+    out += fmt::format("gpufleet_queue_fair_share_usage_gpu_hours{{queue=\"{}\"}} {:.6f}\n",
+                       PromLabel(name), queue.fair_share_usage_gpu_hours);
+  out +=
+      "# HELP gpufleet_queue_fair_share_factor Each queue's fair-share factor 2^(-usage part / "
+      "weight part): 0.5 at exactly its share.\n# TYPE gpufleet_queue_fair_share_factor gauge\n";
+  for (const auto& [name, queue] : queues)
+    out += fmt::format("gpufleet_queue_fair_share_factor{{queue=\"{}\"}} {:.6f}\n", PromLabel(name),
+                       queue.fair_share_factor);
+  out +=
+      "# HELP gpufleet_preemptions_total Jobs preempted (and requeued) by the scheduler since "
+      "the server started, by reason.\n# TYPE gpufleet_preemptions_total counter\n";
+  for (const auto& [reason, count] : preemptions_by_reason)
+    out += fmt::format("gpufleet_preemptions_total{{reason=\"{}\"}} {}\n", reason, count);
+  out +=
       "# HELP gpufleet_idle_jobs Running jobs flagged idle: their GPUs unused for the idle GPU "
       "timeout.\n# TYPE gpufleet_idle_jobs gauge\n";
+  for (const auto& [name, queue] : queues)  // every queue, so that a dashboard sees zeros too
+    idle_by_queue.try_emplace(name, 0);
   for (const auto& [queue, count] : idle_by_queue)
     out += fmt::format("gpufleet_idle_jobs{{queue=\"{}\"}} {}\n", PromLabel(queue), count);
   out += fmt::format(

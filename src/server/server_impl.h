@@ -185,11 +185,14 @@ struct Server::Impl {
   sched::FairShareLedger fair_share{options.scheduler.fair_share_half_life_s};
   std::unordered_map<JobId, size_t> ended_spans_counted;
   std::map<std::string, int64_t> ended_gpu_ms_by_team;
+  std::map<std::pair<std::string, std::string>, int64_t> ended_gpu_ms_by_user;  // (team, user)
   // Idle GPUs: for each running job, since when each node it runs on has reported every GPU of
   // the job there at most kIdleUtilizationPct busy. In memory only: a restarted server starts
   // the count again, which errs on the side of the job.
   std::unordered_map<JobId, std::map<std::string, TimeMs>> idle_on_node;
   uint64_t idle_reclaims = 0;
+  // Preemptions the scheduler decided since the server started, by PreemptReasonCode (/metrics).
+  std::map<std::string, uint64_t> preemptions_by_reason;
   // A job requeued for idle GPUs yields to the jobs that were waiting then (up to
   // kMaxYieldedTo): it is left out of the scheduler's queue while any of them still waits, so
   // its GPUs go to them rather than straight back to it.

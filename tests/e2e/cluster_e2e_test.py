@@ -13,9 +13,11 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 
-from e2e_testlib import (Cluster, api, check, http, kill_recorded_workloads, pid_alive,
-                         run_tests, wait_until)
+from e2e_testlib import (Cluster, api, check, die_with_parent, http, kill_recorded_workloads,
+                         pid_alive, run_tests, wait_until)
+from agent_testlib import free_port
 
 
 def test_cli_submit_logs_cancel(gpufleet):
@@ -133,6 +135,9 @@ def test_teams_are_isolated(gpufleet):
         status, metrics = http("GET", cluster.url + "/metrics")
         check('gpufleet_team_gpu_seconds_total{team="speech"}' in metrics,
               "no per-team GPU-seconds in /metrics")
+        seconds = re.search(r'^gpufleet_user_gpu_seconds_total\{team="speech",user="bob"\} (\S+)$',
+                            metrics, re.MULTILINE)
+        check(seconds and float(seconds.group(1)) > 0, "no GPU-seconds for bob in /metrics")
 
 
 def test_agent_restart_keeps_the_job(gpufleet):
@@ -449,10 +454,103 @@ def test_tls(gpufleet):
         check(status != 200, "the TLS port answered plain HTTP")
 
 
+def prometheus_query(url, expression):
+    status, text = http("GET", url + "/api/v1/query?" +
+                        urllib.parse.urlencode({"query": expression}), timeout=5)
+    check(status == 200, f"query {expression}: HTTP {status}: {text}")
+    answer = json.loads(text)
+    check(answer.get("status") == "success", f"query {expression}: {answer}")
+    return answer["data"]["result"]
+
+
+def test_team_metrics_in_prometheus(gpufleet):
+    """A real Prometheus (Debian's) scrapes the server while team B reclaims its guarantee from
+    team A: the queue, preemption and usage series read back with the right values, and every
+    query of deploy/grafana/gpufleet-teams.json is valid PromQL that returns data (those over a
+    rate once two scrapes are in)."""
+    prometheus = "/usr/bin/prometheus"
+    check(os.access(prometheus, os.X_OK),
+          f"{prometheus} is missing (Debian package 'prometheus'; `make deps` installs it)")
+    with Cluster(gpufleet, "prometheus") as cluster:
+        queues = os.path.join(cluster.root, "queues.yaml")
+        with open(queues, "w") as file:
+            file.write(QUEUES)
+        cluster.server_args += ["--queues", queues]
+        cluster.start_server()
+        cluster.start_agent("node-a", gpus="2xH100-80GB")
+        alice = cluster.token("alice", "a")
+        bob = cluster.token("bob", "b")
+        borrower = cluster.submit({"command": ["sleep", "300"], "gpus": 2, "queue": "team-a",
+                                   "grace_period": "1s"}, alice)
+        cluster.wait_state(borrower["id"], "running")
+        owner = cluster.submit({"command": ["sleep", "300"], "gpus": 1, "queue": "team-b"}, bob)
+        cluster.wait_state(owner["id"], "running", timeout=40)
+
+        port = free_port()
+        config = os.path.join(cluster.root, "prometheus.yml")
+        with open(config, "w") as file:
+            file.write(f"""global:
+  scrape_interval: 1s
+scrape_configs:
+  - job_name: gpufleet-server
+    scrape_interval: 1s
+    scrape_timeout: 1s
+    static_configs:
+      - targets: ['{cluster.url.removeprefix("http://")}']
+""")
+        log = open(os.path.join(cluster.root, "prometheus.log"), "wb")
+        server = subprocess.Popen(
+            [prometheus, f"--config.file={config}",
+             f"--storage.tsdb.path={os.path.join(cluster.root, 'tsdb')}",
+             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+            stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            reclaims = wait_until(lambda: (lambda result: result if result else None)(
+                prometheus_query(url, 'gpufleet_preemptions_total{reason="reclaim"}')), 30,
+                "gpufleet_preemptions_total{reason=\"reclaim\"} in Prometheus")
+            check(reclaims[0]["value"][1] == "1", f"reclaims: {reclaims}")
+            values = {(entry["metric"]["queue"], entry["metric"]["state"]): entry["value"][1]
+                      for entry in prometheus_query(url, "gpufleet_queue_gpus")}
+            check(values == {("team-a", "running"): "0", ("team-a", "pending"): "2",
+                             ("team-b", "running"): "1", ("team-b", "pending"): "0"},
+                  f"gpufleet_queue_gpus: {values}")
+            guaranteed = prometheus_query(url, 'gpufleet_queue_guaranteed_gpus{cohort="lab"}')
+            check(sorted(entry["value"][1] for entry in guaranteed) == ["1", "1"],
+                  f"guarantees: {guaranteed}")
+            alice_seconds = prometheus_query(
+                url, 'gpufleet_user_gpu_seconds_total{team="a",user="alice"}')
+            check(alice_seconds and float(alice_seconds[0]["value"][1]) > 0,
+                  f"alice's GPU-seconds: {alice_seconds}")
+            # Two scrapes at least, so that rates have data too.
+            wait_until(lambda: prometheus_query(url, "count_over_time(gpufleet_up[1m]) >= 3"),
+                       20, "three scrapes of the server")
+            path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "deploy", "grafana", "gpufleet-teams.json")
+            with open(path) as file:
+                dashboard = json.load(file)
+            queried = 0
+            for panel in dashboard["panels"]:
+                for target in panel.get("targets", []):
+                    expression = (target["expr"].replace("$queue", ".*").replace("$team", ".*")
+                                  .replace("$__range", "1m"))
+                    check(prometheus_query(url, expression),
+                          f"dashboard panel '{panel['title']}': no data for {expression}")
+                    queried += 1
+            check(queried >= 15, f"only {queried} dashboard queries")
+        finally:
+            server.terminate()
+            try:
+                server.wait(10)
+            except subprocess.TimeoutExpired:
+                server.kill()
+            log.close()
+
+
 TESTS = [test_cli_submit_logs_cancel, test_teams_are_isolated, test_agent_restart_keeps_the_job,
          test_lost_node_requeues_its_job, test_checkpoint_survives_requeue, test_gpu_shares,
          test_quota_reclaim_checkpoints_and_requeues, test_idle_gpus_are_reclaimed_with_a_checkpoint,
-         test_server_kill9_loses_no_acknowledged_job, test_tls]
+         test_server_kill9_loses_no_acknowledged_job, test_tls, test_team_metrics_in_prometheus]
 
 if __name__ == "__main__":
     wanted = sys.argv[2:]
