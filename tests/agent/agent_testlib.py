@@ -161,3 +161,27 @@ def free_port():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def start_prometheus(prometheus, work, job_name, target):
+    """Starts Debian's Prometheus under `work`, scraping http://`target`/metrics as `job_name`
+    every second on loopback. Returns (process, url, log file); the caller stops the process."""
+    port = free_port()
+    config = os.path.join(work, "prometheus.yml")
+    with open(config, "w") as file:
+        file.write(f"""global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+scrape_configs:
+  - job_name: {job_name}
+    scrape_interval: 1s
+    scrape_timeout: 1s
+    static_configs:
+      - targets: ['{target}']
+""")
+    log = open(os.path.join(work, "prometheus.log"), "wb")
+    process = subprocess.Popen(
+        [prometheus, f"--config.file={config}", f"--storage.tsdb.path={os.path.join(work, 'tsdb')}",
+         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+        stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+    return process, f"http://127.0.0.1:{port}", log

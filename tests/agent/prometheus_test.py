@@ -18,9 +18,8 @@ import time
 import urllib.parse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from agent_testlib import (Agent, TestFailure, check, die_with_parent,  # noqa: E402
-                           exit_on_termination, free_port, http, kill_recorded_workloads,
-                           wait_until)
+from agent_testlib import (Agent, TestFailure, check, exit_on_termination,  # noqa: E402
+                           http, kill_recorded_workloads, start_prometheus, wait_until)
 
 DEADLINE_S = 30  # every wait on Prometheus, together, stays within this
 
@@ -64,26 +63,8 @@ def main():
         agent.wait_ready()
         agent_address = agent.url.removeprefix("http://")
 
-        prometheus_port = free_port()
-        config = os.path.join(work, "prometheus.yml")
-        with open(config, "w") as file:
-            file.write(f"""global:
-  scrape_interval: 1s
-  evaluation_interval: 1s
-scrape_configs:
-  - job_name: gpufleet-agent
-    scrape_interval: 1s
-    scrape_timeout: 1s
-    static_configs:
-      - targets: ['{agent_address}']
-""")
-        prometheus_log = open(os.path.join(work, "prometheus.log"), "wb")
-        server = subprocess.Popen(
-            [prometheus, f"--config.file={config}",
-             f"--storage.tsdb.path={os.path.join(work, 'tsdb')}",
-             f"--web.listen-address=127.0.0.1:{prometheus_port}", "--log.level=warn"],
-            stdout=prometheus_log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
-        prometheus_url = f"http://127.0.0.1:{prometheus_port}"
+        server, prometheus_url, prometheus_log = start_prometheus(
+            prometheus, work, "gpufleet-agent", agent_address)
         start = time.monotonic()
 
         def left():

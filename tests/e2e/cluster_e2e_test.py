@@ -15,9 +15,9 @@ import threading
 import time
 import urllib.parse
 
-from e2e_testlib import (Cluster, api, check, die_with_parent, http, kill_recorded_workloads,
-                         pid_alive, run_tests, wait_until)
-from agent_testlib import free_port
+from e2e_testlib import (Cluster, api, check, http, kill_recorded_workloads, pid_alive,
+                         run_tests, wait_until)
+from agent_testlib import start_prometheus
 
 
 def test_cli_submit_logs_cancel(gpufleet):
@@ -299,19 +299,24 @@ QUEUES = """\
 """
 
 
+def start_two_teams(cluster):
+    """A server with QUEUES and one 2-GPU node; returns the tokens of alice (team-a's user) and
+    bob (team-b's)."""
+    queues = os.path.join(cluster.root, "queues.yaml")
+    with open(queues, "w") as file:
+        file.write(QUEUES)
+    cluster.server_args += ["--queues", queues]
+    cluster.start_server()
+    cluster.start_agent("node-a", gpus="2xH100-80GB")
+    return cluster.token("alice", "a"), cluster.token("bob", "b")
+
+
 def test_quota_reclaim_checkpoints_and_requeues(gpufleet):
     """Team A (1 GPU guaranteed) runs two 1-GPU jobs, the second on team B's idle guarantee;
     when B submits, A's borrowing job is preempted (reclaim): it saves a checkpoint on SIGTERM,
     waits in the queue, and resumes from it once B is done. A's job within its guarantee runs on."""
     with Cluster(gpufleet, "reclaim") as cluster:
-        queues = os.path.join(cluster.root, "queues.yaml")
-        with open(queues, "w") as file:
-            file.write(QUEUES)
-        cluster.server_args += ["--queues", queues]
-        cluster.start_server()
-        cluster.start_agent("node-a", gpus="2xH100-80GB")
-        alice = cluster.token("alice", "a")
-        bob = cluster.token("bob", "b")
+        alice, bob = start_two_teams(cluster)
         status, body = api(cluster.url, alice, "POST", "/api/v1/jobs",
                            {"command": ["true"], "queue": "nope"})
         check(status == 422 and "team-a, team-b" in body.get("error", ""),
@@ -472,39 +477,15 @@ def test_team_metrics_in_prometheus(gpufleet):
     check(os.access(prometheus, os.X_OK),
           f"{prometheus} is missing (Debian package 'prometheus'; `make deps` installs it)")
     with Cluster(gpufleet, "prometheus") as cluster:
-        queues = os.path.join(cluster.root, "queues.yaml")
-        with open(queues, "w") as file:
-            file.write(QUEUES)
-        cluster.server_args += ["--queues", queues]
-        cluster.start_server()
-        cluster.start_agent("node-a", gpus="2xH100-80GB")
-        alice = cluster.token("alice", "a")
-        bob = cluster.token("bob", "b")
+        alice, bob = start_two_teams(cluster)
         borrower = cluster.submit({"command": ["sleep", "300"], "gpus": 2, "queue": "team-a",
                                    "grace_period": "1s"}, alice)
         cluster.wait_state(borrower["id"], "running")
         owner = cluster.submit({"command": ["sleep", "300"], "gpus": 1, "queue": "team-b"}, bob)
         cluster.wait_state(owner["id"], "running", timeout=40)
 
-        port = free_port()
-        config = os.path.join(cluster.root, "prometheus.yml")
-        with open(config, "w") as file:
-            file.write(f"""global:
-  scrape_interval: 1s
-scrape_configs:
-  - job_name: gpufleet-server
-    scrape_interval: 1s
-    scrape_timeout: 1s
-    static_configs:
-      - targets: ['{cluster.url.removeprefix("http://")}']
-""")
-        log = open(os.path.join(cluster.root, "prometheus.log"), "wb")
-        server = subprocess.Popen(
-            [prometheus, f"--config.file={config}",
-             f"--storage.tsdb.path={os.path.join(cluster.root, 'tsdb')}",
-             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-            stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
-        url = f"http://127.0.0.1:{port}"
+        server, url, log = start_prometheus(prometheus, cluster.root, "gpufleet-server",
+                                            cluster.url.removeprefix("http://"))
         try:
             reclaims = wait_until(lambda: (lambda result: result if result else None)(
                 prometheus_query(url, 'gpufleet_preemptions_total{reason="reclaim"}')), 30,
