@@ -488,9 +488,6 @@ class Replay {
 
   size_t PendingCount() const { return queue_.size() - queue_head_; }
 
-  // Whether a cycle now would certainly start nothing, whatever the policy: every GPU is taken,
-  // every pending job needs one, and no job may be preempted to make room. (The scheduler's own
-  // early stop uses the same test; here it also saves building the cycle.)
   // Strict FIFO with team queues and no preemption but reclaim: after a cycle that decided
   // nothing, the same cycle decides nothing again until something but an arrival changes, or an
   // arrival ranks ahead of its queue's blocked head or joins a queue without one. (Capacity and
@@ -517,6 +514,9 @@ class Replay {
     return sched::PendingBefore(pending_jobs_[head], pending_jobs_[index], now, config_);
   }
 
+  // Whether a cycle now would certainly start nothing, whatever the policy: every GPU is taken,
+  // every pending job needs one, and no job may be preempted to make room. (The scheduler's own
+  // early stop uses the same test; here it also saves building the cycle.)
   bool NothingCanStart() const {
     if (!options_.cycle_hints) return false;
     if (config_.preempt || config_.order == sched::QueueOrder::kLas) return false;
