@@ -36,12 +36,20 @@ void FairShareLedger::AdvanceTo(TimeMs to) {
   const double factor = std::exp2(-static_cast<double>(to - reference_) / half_life_ms);
   for (auto& entry : usage_)
     entry.second *= factor;
-  // Open spans decay what they had and add what their GPUs used since: sums of positive terms.
-  const double grown = static_cast<double>(half_life_s_) / std::numbers::ln2 *
-                       DecayedFraction(to - reference_, half_life_ms);
   for (auto& entry : open_)
-    entry.second.usage = entry.second.usage * factor + entry.second.gpus * grown;
+    entry.second.usage = OpenUsageAt(entry.second, to);
   reference_ = to;
+}
+
+double FairShareLedger::OpenUsageAt(const OpenSum& sum, TimeMs at) const {
+  // What the open spans had decays, and their GPUs add what they used since: a sum of positive
+  // terms, without cancellation.
+  const double half_life_ms = static_cast<double>(half_life_s_) * kMsPerSecond;
+  const TimeMs since = std::max<TimeMs>(0, at - reference_);
+  const double factor = std::exp2(-static_cast<double>(since) / half_life_ms);
+  const double grown =
+      static_cast<double>(half_life_s_) / std::numbers::ln2 * DecayedFraction(since, half_life_ms);
+  return sum.usage * factor + sum.gpus * grown;
 }
 
 void FairShareLedger::Open(std::string_view queue, double gpus, TimeMs start) {
@@ -72,16 +80,11 @@ void FairShareLedger::Close(std::string_view queue, double gpus, TimeMs start, T
 
 std::map<std::string, double, std::less<>> FairShareLedger::UsageAt(TimeMs now) const {
   std::map<std::string, double, std::less<>> usage = UsageAt(now, {});
-  now = std::max(now, reference_);
-  const double half_life_ms = static_cast<double>(half_life_s_) * kMsPerSecond;
-  const double factor = std::exp2(-static_cast<double>(now - reference_) / half_life_ms);
-  const double grown = static_cast<double>(half_life_s_) / std::numbers::ln2 *
-                       DecayedFraction(now - reference_, half_life_ms);
   for (const auto& [queue, sum] : open_) {
     if (sum.spans == 0) continue;
     auto it = usage.find(queue);
     if (it == usage.end()) it = usage.emplace(queue, 0.0).first;
-    it->second += sum.usage * factor + sum.gpus * grown;
+    it->second += OpenUsageAt(sum, now);
   }
   return usage;
 }

@@ -61,6 +61,9 @@ class FairShareLedger {
     double gpus = 0;
     double usage = 0;
   };
+  // The decayed GPU-seconds of one queue's open spans at `at` (not before the reference time).
+  double OpenUsageAt(const OpenSum& sum, TimeMs at) const;
+
   int64_t half_life_s_;
   TimeMs reference_ = 0;  // usage_ and the open sums are as of this time
   std::map<std::string, double, std::less<>> usage_;

@@ -423,10 +423,10 @@ void UndrainNode(Impl& s, const HttpRequest& request, const Caller& caller, Http
   SetDrained(s, request, caller, std::move(respond), false);
 }
 
-// Every queue with its jobs, quota and fair share, for GET /queues and /metrics. Queues exist by
-// use: "default" always, and every queue a job (even a finished one) named, so an idle queue
-// still shows with zeros.
-std::map<std::string, api::QueueStatus> QueueStatuses(Impl& s) {
+// Every queue with its jobs, quota and fair share, for GET /queues and /metrics; s.mu held.
+// Queues exist by use: "default" always, and every queue a job (even a finished one) named, so
+// an idle queue still shows with zeros.
+std::map<std::string, api::QueueStatus> QueueStatusesLocked(Impl& s) {
   std::map<std::string, api::QueueStatus> queues;
   if (s.options.scheduler.queues.empty()) queues["default"].name = "default";
   for (const sched::QueueConfig& config : s.options.scheduler.queues) {
@@ -445,7 +445,6 @@ std::map<std::string, api::QueueStatus> QueueStatuses(Impl& s) {
   }
   // Only the pending and active jobs are visited: `top` asks every two seconds, and the job
   // history may hold hundreds of thousands.
-  std::lock_guard lock(s.mu);
   for (const std::string& name : s.queue_names)
     queues[name].name = name;
   for (const auto& [id, pending] : s.pending_jobs) {
@@ -471,8 +470,13 @@ std::map<std::string, api::QueueStatus> QueueStatuses(Impl& s) {
 }
 
 void ListQueues(Impl& s, const HttpRequest&, const Caller&, HttpResponder respond) {
+  std::map<std::string, api::QueueStatus> queues;
+  {
+    std::lock_guard lock(s.mu);
+    queues = QueueStatusesLocked(s);
+  }
   json list = json::array();
-  for (const auto& [name, queue] : QueueStatuses(s))
+  for (const auto& [name, queue] : queues)
     list.push_back(queue);
   respond(JsonResponse(200, json{{"queues", std::move(list)}}));
 }
@@ -739,9 +743,10 @@ HttpResponse Metrics(Impl& s) {
   std::map<std::string, int64_t> idle_by_queue;
   uint64_t idle_reclaims = 0;
   std::map<std::string, uint64_t> preemptions_by_reason;
-  const std::map<std::string, api::QueueStatus> queues = QueueStatuses(s);
+  std::map<std::string, api::QueueStatus> queues;
   {
     std::lock_guard lock(s.mu);
+    queues = QueueStatusesLocked(s);
     preemptions_by_reason = s.preemptions_by_reason;
     const TimeMs now = WallMs();
     for (const auto& [id, job] : s.jobs)
