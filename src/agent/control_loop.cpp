@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include "agent/readiness.h"
 #include "api/json.h"
 #include "api/types.h"
 #include "core/version.h"
@@ -107,6 +108,8 @@ struct ControlLoop::State {
   std::map<std::string, std::string> reported;  // id -> state in the latest sync sent
   std::string logged_error;                     // the last error logged
   Clock::time_point last_gc{};
+  // Deployments' replicas: their readiness probes (each desired task with a port).
+  ReadinessProber readiness;
 
   State(AgentCore& core_ref, ControlLoopOptions opts) : core(core_ref), options(std::move(opts)) {}
 
@@ -159,6 +162,7 @@ api::WorkloadReport ControlLoop::State::ReportOf(const WorkloadView& view) const
     }
   }
   report.state = std::string(WorkloadStateName(workload.state));
+  report.ready = workload.state == WorkloadState::kRunning && readiness.Ready(workload.id);
   report.exit_code = workload.exit_code;
   report.signal = workload.signal;
   report.error = workload.error;
@@ -417,6 +421,11 @@ bool ControlLoop::State::Apply() {
   for (const auto& [id, task] : wanted)
     wanted_ids.insert(id);
   CollectGarbage(views, wanted_ids);
+  std::map<std::string, ReadinessTarget> probes;
+  for (const api::TaskLaunch& task : desired)
+    if (task.port > 0 && !task.readiness_path.empty())
+      probes[task.workload_id] = ReadinessTarget{options.address, task.port, task.readiness_path};
+  readiness.SetTargets(probes);
   return changed;
 }
 
@@ -483,7 +492,8 @@ void ControlLoop::State::Run() {
     const uint64_t version_before = known_version;
     auto call = Send(BuildRequest(static_cast<int32_t>(wait_ms)), wait_ms + kCallMarginMs);
     const bool answered = Await(call, [&] {
-      bool report = WorkloadsChanged();
+      bool report = readiness.TakeChanged();
+      report = WorkloadsChanged() || report;
       if (!deferred.empty()) report = Apply() || report;  // GPUs may have come free
       if (report) ShortSync();
     });

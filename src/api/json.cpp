@@ -1,5 +1,7 @@
 #include "api/json.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <set>
 
@@ -246,12 +248,14 @@ std::string_view RoleName(Role role) {
       return "user";
     case Role::kAgent:
       return "agent";
+    case Role::kGateway:
+      return "gateway";
   }
   return "unknown";
 }
 
 std::optional<Role> ParseRole(std::string_view name) {
-  for (Role role : {Role::kAdmin, Role::kUser, Role::kAgent})
+  for (Role role : {Role::kAdmin, Role::kUser, Role::kAgent, Role::kGateway})
     if (RoleName(role) == name) return role;
   return std::nullopt;
 }
@@ -341,6 +345,10 @@ void to_json(json& out, const TaskStatus& value) {
              {"error", value.error}};
   Optional(out, "exit_code", value.exit_code);
   Optional(out, "signal", value.signal);
+  if (value.port > 0) {
+    out["port"] = value.port;
+    out["ready"] = value.ready;
+  }
 }
 void from_json(const json& in, TaskStatus& value) {
   Read(in, "rank", value.rank);
@@ -353,6 +361,21 @@ void from_json(const json& in, TaskStatus& value) {
   Read(in, "error", value.error);
   ReadOptional(in, "exit_code", value.exit_code);
   ReadOptional(in, "signal", value.signal);
+  Read(in, "port", value.port);
+  Read(in, "ready", value.ready);
+}
+
+void to_json(json& out, const ReplicaOf& value) {
+  out = json{{"deployment", value.deployment},
+             {"generation", value.generation},
+             {"readiness_path", value.readiness_path},
+             {"draining_since_ms", value.draining_since_ms}};
+}
+void from_json(const json& in, ReplicaOf& value) {
+  Read(in, "deployment", value.deployment);
+  Read(in, "generation", value.generation);
+  Read(in, "readiness_path", value.readiness_path);
+  Read(in, "draining_since_ms", value.draining_since_ms);
 }
 
 void to_json(json& out, const JobRecord& value) {
@@ -371,6 +394,7 @@ void to_json(json& out, const JobRecord& value) {
              {"events", value.events}};
   Optional(out, "exit_code", value.exit_code);
   Optional(out, "idle_since_ms", value.idle_since_ms);
+  Optional(out, "replica", value.replica);
 }
 void from_json(const json& in, JobRecord& value) {
   Read(in, "id", value.id);
@@ -393,6 +417,7 @@ void from_json(const json& in, JobRecord& value) {
   Read(in, "events", value.events);
   ReadOptional(in, "exit_code", value.exit_code);
   ReadOptional(in, "idle_since_ms", value.idle_since_ms);
+  ReadOptional(in, "replica", value.replica);
 }
 
 void to_json(json& out, const GpuStatus& value) {
@@ -551,7 +576,8 @@ void to_json(json& out, const WorkloadReport& value) {
              {"state", value.state},
              {"error", value.error},
              {"started_ms", value.started_ms},
-             {"finished_ms", value.finished_ms}};
+             {"finished_ms", value.finished_ms},
+             {"ready", value.ready}};
   Optional(out, "exit_code", value.exit_code);
   Optional(out, "signal", value.signal);
 }
@@ -564,6 +590,7 @@ void from_json(const json& in, WorkloadReport& value) {
   Read(in, "error", value.error);
   Read(in, "started_ms", value.started_ms);
   Read(in, "finished_ms", value.finished_ms);
+  Read(in, "ready", value.ready);
   ReadOptional(in, "exit_code", value.exit_code);
   ReadOptional(in, "signal", value.signal);
 }
@@ -596,6 +623,10 @@ void to_json(json& out, const TaskLaunch& value) {
              {"max_runtime_ms", value.max_runtime_ms},
              {"grace_period_ms", value.grace_period_ms},
              {"checkpoint_dir", value.checkpoint_dir}};
+  if (value.port > 0) {
+    out["port"] = value.port;
+    out["readiness_path"] = value.readiness_path;
+  }
 }
 void from_json(const json& in, TaskLaunch& value) {
   Read(in, "workload_id", value.workload_id);
@@ -612,6 +643,8 @@ void from_json(const json& in, TaskLaunch& value) {
   Read(in, "max_runtime_ms", value.max_runtime_ms);
   Read(in, "grace_period_ms", value.grace_period_ms);
   Read(in, "checkpoint_dir", value.checkpoint_dir);
+  Read(in, "port", value.port);
+  Read(in, "readiness_path", value.readiness_path);
 }
 
 void to_json(json& out, const SyncResponse& value) {
@@ -622,6 +655,378 @@ void from_json(const json& in, SyncResponse& value) {
   Read(in, "version", value.version);
   Read(in, "desired", value.desired);
   Read(in, "heartbeat_ms", value.heartbeat_ms);
+}
+
+// ---- Deployments ------------------------------------------------------------------------------
+
+namespace {
+
+double Number(const json& value, std::string_view field, double min, double max) {
+  if (!value.is_number())
+    Fail(fmt::format("'{}' must be a number, not {}", field, TypeName(value)));
+  const double number = value.get<double>();
+  if (!std::isfinite(number) || number < min || number > max)
+    Fail(fmt::format("'{}' must be between {:g} and {:g}, not {}", field, min, max, value.dump()));
+  return number;
+}
+
+void RefuseUnknown(const json& object, const std::set<std::string, std::less<>>& known,
+                   std::string_view what) {
+  for (const auto& [key, value] : object.items())
+    if (!known.count(key))
+      Fail(fmt::format("unknown {} field '{}' (known: {})", what, key, fmt::join(known, ", ")));
+}
+
+const std::set<std::string, std::less<>> kAutoscalingFields = {"metric",
+                                                               "target",
+                                                               "target_utilization",
+                                                               "stable_window",
+                                                               "panic_window",
+                                                               "panic_threshold",
+                                                               "scale_to_zero_grace",
+                                                               "max_scale_up_rate",
+                                                               "max_scale_down_rate"};
+
+AutoscalingSpec ParseAutoscalingOrThrow(const json& body) {
+  if (!body.is_object())
+    Fail(fmt::format("'autoscaling' must be an object, not {}", TypeName(body)));
+  RefuseUnknown(body, kAutoscalingFields, "autoscaling");
+  AutoscalingSpec spec;
+  auto duration = [&](const char* key, TimeMs& into) {
+    if (auto it = body.find(key); it != body.end())
+      into = Quantity<TimeMs>(*it, std::string("autoscaling.") + key, ParseDurationMs, "\"60s\"");
+  };
+  if (auto it = body.find("metric"); it != body.end()) {
+    spec.metric = String(*it, "autoscaling.metric");
+    if (spec.metric != "concurrency" && spec.metric != "rps")
+      Fail(fmt::format("'autoscaling.metric' must be concurrency or rps, not '{}'", spec.metric));
+  }
+  if (auto it = body.find("target"); it != body.end())
+    spec.target = Number(*it, "autoscaling.target", 0.01, 1e6);
+  if (auto it = body.find("target_utilization"); it != body.end())
+    spec.target_utilization = Number(*it, "autoscaling.target_utilization", 0.01, 1.0);
+  duration("stable_window", spec.stable_window_ms);
+  duration("panic_window", spec.panic_window_ms);
+  duration("scale_to_zero_grace", spec.scale_to_zero_grace_ms);
+  if (auto it = body.find("panic_threshold"); it != body.end())
+    spec.panic_threshold = Number(*it, "autoscaling.panic_threshold", 1.1, 10.0);
+  if (auto it = body.find("max_scale_up_rate"); it != body.end())
+    spec.max_scale_up_rate = Number(*it, "autoscaling.max_scale_up_rate", 1.1, 1e6);
+  if (auto it = body.find("max_scale_down_rate"); it != body.end())
+    spec.max_scale_down_rate = Number(*it, "autoscaling.max_scale_down_rate", 1.1, 1e6);
+  constexpr TimeMs kHour = 3600 * 1000;
+  if (spec.stable_window_ms < 6000 || spec.stable_window_ms > kHour)
+    Fail(fmt::format("'autoscaling.stable_window' must be from 6s to 1h, not {} ms",
+                     spec.stable_window_ms));
+  if (spec.panic_window_ms < 1000 || spec.panic_window_ms > spec.stable_window_ms)
+    Fail(
+        fmt::format("'autoscaling.panic_window' must be from 1s to the stable window ({} ms), "
+                    "not {} ms",
+                    spec.stable_window_ms, spec.panic_window_ms));
+  if (spec.scale_to_zero_grace_ms > kHour)
+    Fail(fmt::format("'autoscaling.scale_to_zero_grace' must be at most 1h, not {} ms",
+                     spec.scale_to_zero_grace_ms));
+  return spec;
+}
+
+const std::set<std::string, std::less<>> kDeploymentFields = {
+    "name",           "queue",        "priority",     "command",        "env",
+    "workdir",        "gpus",         "cpu",          "memory",         "gpu_model",
+    "min_gpu_memory", "min_replicas", "max_replicas", "readiness_path", "models",
+    "routing",        "autoscaling",  "grace_period", "drain_timeout"};
+
+const std::set<std::string, std::less<>> kRoutings = {"round_robin", "least_outstanding",
+                                                      "endpoint_picker"};
+
+DeploymentSpec ParseDeploymentOrThrow(const json& body) {
+  if (!body.is_object())
+    Fail(fmt::format("a deployment must be a JSON object, not {}", TypeName(body)));
+  RefuseUnknown(body, kDeploymentFields, "deployment");
+  DeploymentSpec spec;
+  if (auto it = body.find("name"); it != body.end()) spec.name = String(*it, "name");
+  if (!ValidDeploymentName(spec.name))
+    Fail(
+        fmt::format("'name' must be a DNS label: 1-63 lower-case letters, digits and '-', "
+                    "starting with a letter and not ending with '-', not '{}'",
+                    spec.name));
+  if (auto it = body.find("queue"); it != body.end()) spec.queue = String(*it, "queue");
+  if (!ValidName(spec.queue, 63))
+    Fail(
+        fmt::format("'queue' must be 1-63 letters, digits, '-', '_' or '.', not '{}'", spec.queue));
+  if (auto it = body.find("priority"); it != body.end())
+    spec.priority = static_cast<int32_t>(Integer(*it, "priority", -1'000'000, 1'000'000));
+  if (auto it = body.find("command"); it != body.end())
+    spec.command = StringList(*it, "command", false);
+  if (spec.command.empty() || spec.command.front().empty())
+    Fail(
+        "'command' is required: the model server and its arguments, e.g. [\"vllm\", \"serve\", "
+        "\"model\"]");
+  if (auto it = body.find("env"); it != body.end()) {
+    if (!it->is_object()) Fail(fmt::format("'env' must be an object, not {}", TypeName(*it)));
+    for (const auto& [key, value] : it->items()) {
+      if (!ValidEnvName(key))
+        Fail(fmt::format("'env' has an invalid variable name '{}' (letters, digits and _)", key));
+      spec.env[key] = String(value, "env." + key);
+    }
+  }
+  if (auto it = body.find("workdir"); it != body.end()) spec.workdir = String(*it, "workdir");
+  if (!spec.workdir.empty() && spec.workdir.front() != '/')
+    Fail(fmt::format("'workdir' must be an absolute path, not '{}'", spec.workdir));
+  if (auto it = body.find("gpus"); it != body.end())
+    spec.gpu_milli_per_replica = Quantity<MilliGpu>(*it, "gpus", ParseGpuMilli, "1 or 0.5");
+  if (auto it = body.find("cpu"); it != body.end())
+    spec.cpu_milli_per_replica = Quantity<MilliCpu>(*it, "cpu", ParseCpuMilli, "4 or \"500m\"");
+  if (auto it = body.find("memory"); it != body.end())
+    spec.memory_mib_per_replica = Quantity<MiB>(*it, "memory", ParseMemoryMib, "\"16Gi\"");
+  if (auto it = body.find("min_gpu_memory"); it != body.end())
+    spec.min_gpu_memory_mib = Quantity<MiB>(*it, "min_gpu_memory", ParseMemoryMib, "\"40Gi\"");
+  if (auto it = body.find("gpu_model"); it != body.end())
+    spec.gpu_models = StringList(*it, "gpu_model", true);
+  for (const std::string& model : spec.gpu_models)
+    if (model.empty()) Fail("'gpu_model' must not be empty");
+  if (spec.gpu_milli_per_replica > kMilliPerGpu && spec.gpu_milli_per_replica % kMilliPerGpu != 0)
+    Fail(fmt::format("'gpus' must be a whole number above 1, or a share of one GPU, not {}",
+                     FormatGpus(spec.gpu_milli_per_replica)));
+  constexpr int64_t kMaxReplicas = 1000;
+  if (auto it = body.find("min_replicas"); it != body.end())
+    spec.min_replicas = static_cast<int32_t>(Integer(*it, "min_replicas", 0, kMaxReplicas));
+  if (auto it = body.find("max_replicas"); it != body.end())
+    spec.max_replicas = static_cast<int32_t>(Integer(*it, "max_replicas", 1, kMaxReplicas));
+  else if (spec.min_replicas > spec.max_replicas)
+    spec.max_replicas = spec.min_replicas;
+  if (spec.min_replicas > spec.max_replicas)
+    Fail(fmt::format("'min_replicas' ({}) must not be above 'max_replicas' ({})", spec.min_replicas,
+                     spec.max_replicas));
+  if (auto it = body.find("readiness_path"); it != body.end())
+    spec.readiness_path = String(*it, "readiness_path");
+  if (spec.readiness_path.empty() || spec.readiness_path.front() != '/' ||
+      spec.readiness_path.size() > 256 ||
+      std::any_of(spec.readiness_path.begin(), spec.readiness_path.end(),
+                  [](char c) { return c <= ' ' || c == 0x7f; }))
+    Fail(
+        fmt::format("'readiness_path' must be a path such as /health (at most 256 characters, "
+                    "no spaces), not '{}'",
+                    spec.readiness_path));
+  if (auto it = body.find("models"); it != body.end())
+    spec.models = StringList(*it, "models", true);
+  if (spec.models.size() > 64)
+    Fail(fmt::format("'models' may name at most 64 models, not {}", spec.models.size()));
+  for (const std::string& model : spec.models)
+    if (model.empty() || model.size() > 128 ||
+        std::any_of(model.begin(), model.end(), [](char c) { return c <= ' ' || c == 0x7f; }))
+      Fail(
+          fmt::format("'models' entries must be 1-128 characters without spaces, not '{}'", model));
+  if (auto it = body.find("routing"); it != body.end()) spec.routing = String(*it, "routing");
+  if (!kRoutings.count(spec.routing))
+    Fail(fmt::format("'routing' must be one of {}, not '{}'", fmt::join(kRoutings, ", "),
+                     spec.routing));
+  if (auto it = body.find("autoscaling"); it != body.end())
+    spec.autoscaling = ParseAutoscalingOrThrow(*it);
+  if (auto it = body.find("grace_period"); it != body.end())
+    spec.grace_period_ms = Quantity<TimeMs>(*it, "grace_period", ParseDurationMs, "\"30s\"");
+  if (auto it = body.find("drain_timeout"); it != body.end())
+    spec.drain_timeout_ms = Quantity<TimeMs>(*it, "drain_timeout", ParseDurationMs, "\"5m\"");
+  constexpr TimeMs kDay = 24 * 3600 * 1000;
+  if (spec.grace_period_ms > kDay || spec.drain_timeout_ms > kDay)
+    Fail("'grace_period' and 'drain_timeout' must be at most 24h");
+  JobSpec shape;
+  shape.gpu_milli_per_task = spec.gpu_milli_per_replica;
+  shape.cpu_milli_per_task = spec.cpu_milli_per_replica;
+  shape.memory_mib_per_task = spec.memory_mib_per_replica;
+  if (auto problem = ValidateJobSpec(shape)) Fail(*problem);
+  return spec;
+}
+
+std::string DurationText(TimeMs ms) {
+  return fmt::format("{}ms", ms);
+}
+
+json GpusJson(MilliGpu milli) {
+  return milli % kMilliPerGpu == 0 ? json(milli / kMilliPerGpu)
+                                   : json(static_cast<double>(milli) / kMilliPerGpu);
+}
+
+}  // namespace
+
+bool ValidDeploymentName(std::string_view name) {
+  if (name.empty() || name.size() > 63 || !std::islower(static_cast<unsigned char>(name.front())) ||
+      name.back() == '-')
+    return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return std::islower(static_cast<unsigned char>(c)) ||
+           std::isdigit(static_cast<unsigned char>(c)) || c == '-';
+  });
+}
+
+std::optional<DeploymentSpec> ParseDeploymentSpec(const json& body, std::string& error) {
+  try {
+    return ParseDeploymentOrThrow(body);
+  } catch (const FieldError& field_error) {
+    error = field_error.message;
+  }
+  return std::nullopt;
+}
+
+std::optional<DeploymentSpec> ParseDeploymentSpecText(std::string_view text, std::string& error) {
+  json body;
+  try {
+    body = json::parse(text);
+  } catch (const json::parse_error& parse_error) {
+    error = fmt::format("malformed JSON: {}", parse_error.what());
+    return std::nullopt;
+  }
+  return ParseDeploymentSpec(body, error);
+}
+
+void to_json(json& out, const AutoscalingSpec& value) {
+  out = json{{"metric", value.metric},
+             {"target", value.target},
+             {"target_utilization", value.target_utilization},
+             {"stable_window", DurationText(value.stable_window_ms)},
+             {"panic_window", DurationText(value.panic_window_ms)},
+             {"panic_threshold", value.panic_threshold},
+             {"scale_to_zero_grace", DurationText(value.scale_to_zero_grace_ms)},
+             {"max_scale_up_rate", value.max_scale_up_rate},
+             {"max_scale_down_rate", value.max_scale_down_rate}};
+}
+
+void to_json(json& out, const DeploymentSpec& value) {
+  out = json{{"name", value.name},
+             {"queue", value.queue},
+             {"priority", value.priority},
+             {"command", value.command},
+             {"env", value.env},
+             {"workdir", value.workdir},
+             {"gpus", GpusJson(value.gpu_milli_per_replica)},
+             {"cpu", fmt::format("{}m", value.cpu_milli_per_replica)},
+             {"memory", fmt::format("{}Mi", value.memory_mib_per_replica)},
+             {"gpu_model", value.gpu_models},
+             {"min_replicas", value.min_replicas},
+             {"max_replicas", value.max_replicas},
+             {"readiness_path", value.readiness_path},
+             {"models", value.models},
+             {"routing", value.routing},
+             {"autoscaling", value.autoscaling},
+             {"grace_period", DurationText(value.grace_period_ms)},
+             {"drain_timeout", DurationText(value.drain_timeout_ms)}};
+  if (value.min_gpu_memory_mib > 0)
+    out["min_gpu_memory"] = fmt::format("{}Mi", value.min_gpu_memory_mib);
+}
+void from_json(const json& in, DeploymentSpec& value) {
+  std::string error;
+  auto parsed = ParseDeploymentSpec(in, error);
+  if (!parsed) throw std::invalid_argument(error);
+  value = std::move(*parsed);
+}
+
+void to_json(json& out, const ReplicaStatus& value) {
+  out = json{{"job_id", value.job_id},
+             {"generation", value.generation},
+             {"state", value.state},
+             {"node", value.node},
+             {"host", value.host},
+             {"port", value.port},
+             {"created_ms", value.created_ms}};
+}
+void from_json(const json& in, ReplicaStatus& value) {
+  Read(in, "job_id", value.job_id);
+  Read(in, "generation", value.generation);
+  Read(in, "state", value.state);
+  Read(in, "node", value.node);
+  Read(in, "host", value.host);
+  Read(in, "port", value.port);
+  Read(in, "created_ms", value.created_ms);
+}
+
+void to_json(json& out, const DeploymentRecord& value) {
+  out = json{{"name", value.name},
+             {"user", value.user},
+             {"team", value.team},
+             {"spec", value.spec},
+             {"generation", value.generation},
+             {"desired_replicas", value.desired_replicas},
+             {"desired_reason", value.desired_reason},
+             {"created_ms", value.created_ms},
+             {"updated_ms", value.updated_ms},
+             {"failures_in_a_row", value.failures_in_a_row},
+             {"last_failure_ms", value.last_failure_ms},
+             {"replicas", value.replicas},
+             {"ready_replicas", value.ready_replicas}};
+  Optional(out, "fixed_replicas", value.fixed_replicas);
+}
+void from_json(const json& in, DeploymentRecord& value) {
+  Read(in, "name", value.name);
+  Read(in, "user", value.user);
+  Read(in, "team", value.team);
+  if (auto it = in.find("spec"); it != in.end()) value.spec = it->get<DeploymentSpec>();
+  Read(in, "generation", value.generation);
+  Read(in, "desired_replicas", value.desired_replicas);
+  Read(in, "desired_reason", value.desired_reason);
+  ReadOptional(in, "fixed_replicas", value.fixed_replicas);
+  Read(in, "created_ms", value.created_ms);
+  Read(in, "updated_ms", value.updated_ms);
+  Read(in, "failures_in_a_row", value.failures_in_a_row);
+  Read(in, "last_failure_ms", value.last_failure_ms);
+  Read(in, "replicas", value.replicas);
+  Read(in, "ready_replicas", value.ready_replicas);
+}
+
+void to_json(json& out, const EndpointInfo& value) {
+  out = json{{"id", value.id}, {"host", value.host}, {"port", value.port}};
+}
+void from_json(const json& in, EndpointInfo& value) {
+  Read(in, "id", value.id);
+  Read(in, "host", value.host);
+  Read(in, "port", value.port);
+}
+
+void to_json(json& out, const DeploymentEndpoints& value) {
+  out = json{{"name", value.name},
+             {"team", value.team},
+             {"models", value.models},
+             {"routing", value.routing},
+             {"endpoints", value.endpoints}};
+}
+void from_json(const json& in, DeploymentEndpoints& value) {
+  Read(in, "name", value.name);
+  Read(in, "team", value.team);
+  Read(in, "models", value.models);
+  Read(in, "routing", value.routing);
+  Read(in, "endpoints", value.endpoints);
+}
+
+void to_json(json& out, const EndpointSet& value) {
+  out = json{{"version", value.version}, {"deployments", value.deployments}};
+}
+void from_json(const json& in, EndpointSet& value) {
+  Read(in, "version", value.version);
+  Read(in, "deployments", value.deployments);
+}
+
+void to_json(json& out, const DeploymentLoadReport& value) {
+  out = json{{"name", value.name},
+             {"concurrency", value.concurrency},
+             {"arrivals", value.arrivals},
+             {"buffered", value.buffered},
+             {"in_flight", value.in_flight}};
+}
+void from_json(const json& in, DeploymentLoadReport& value) {
+  Read(in, "name", value.name);
+  Read(in, "concurrency", value.concurrency);
+  Read(in, "arrivals", value.arrivals);
+  Read(in, "buffered", value.buffered);
+  Read(in, "in_flight", value.in_flight);
+}
+
+void to_json(json& out, const GatewayReport& value) {
+  out = json{{"gateway", value.gateway},
+             {"interval_ms", value.interval_ms},
+             {"deployments", value.deployments}};
+}
+void from_json(const json& in, GatewayReport& value) {
+  Read(in, "gateway", value.gateway);
+  Read(in, "interval_ms", value.interval_ms);
+  Read(in, "deployments", value.deployments);
 }
 
 }  // namespace gpufleet::api

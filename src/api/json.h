@@ -25,6 +25,8 @@ void to_json(nlohmann::json& out, const JobEvent& value);
 void from_json(const nlohmann::json& in, JobEvent& value);
 void to_json(nlohmann::json& out, const TaskStatus& value);
 void from_json(const nlohmann::json& in, TaskStatus& value);
+void to_json(nlohmann::json& out, const ReplicaOf& value);
+void from_json(const nlohmann::json& in, ReplicaOf& value);
 void to_json(nlohmann::json& out, const JobRecord& value);
 void from_json(const nlohmann::json& in, JobRecord& value);
 void to_json(nlohmann::json& out, const GpuStatus& value);
@@ -47,6 +49,30 @@ void to_json(nlohmann::json& out, const TaskLaunch& value);
 void from_json(const nlohmann::json& in, TaskLaunch& value);
 void to_json(nlohmann::json& out, const SyncResponse& value);
 void from_json(const nlohmann::json& in, SyncResponse& value);
+
+// A user's deployment, as strict as a job: the field that is wrong, unknown fields refused.
+std::optional<DeploymentSpec> ParseDeploymentSpec(const nlohmann::json& body, std::string& error);
+std::optional<DeploymentSpec> ParseDeploymentSpecText(std::string_view text, std::string& error);
+// A DNS label (RFC 1123): what a deployment's name must be, as it routes by Host.
+bool ValidDeploymentName(std::string_view name);
+
+void to_json(nlohmann::json& out, const AutoscalingSpec& value);
+void to_json(nlohmann::json& out, const DeploymentSpec& value);
+void from_json(const nlohmann::json& in, DeploymentSpec& value);  // strict; throws on errors
+void to_json(nlohmann::json& out, const ReplicaStatus& value);
+void from_json(const nlohmann::json& in, ReplicaStatus& value);
+void to_json(nlohmann::json& out, const DeploymentRecord& value);
+void from_json(const nlohmann::json& in, DeploymentRecord& value);
+void to_json(nlohmann::json& out, const EndpointInfo& value);
+void from_json(const nlohmann::json& in, EndpointInfo& value);
+void to_json(nlohmann::json& out, const DeploymentEndpoints& value);
+void from_json(const nlohmann::json& in, DeploymentEndpoints& value);
+void to_json(nlohmann::json& out, const EndpointSet& value);
+void from_json(const nlohmann::json& in, EndpointSet& value);
+void to_json(nlohmann::json& out, const DeploymentLoadReport& value);
+void from_json(const nlohmann::json& in, DeploymentLoadReport& value);
+void to_json(nlohmann::json& out, const GatewayReport& value);
+void from_json(const nlohmann::json& in, GatewayReport& value);
 
 // "0.5" for 500 milli-GPUs, "8" for 8000: how GPUs are shown to people.
 std::string FormatGpus(MilliGpu milli);

@@ -71,10 +71,24 @@ struct TaskStatus {
   std::vector<std::string> gpu_uuids;
   MilliGpu gpu_milli = 0;   // share of each GPU
   std::string workload_id;  // "j42-r0-a1": job, rank, attempt; the agent's workload id
-  std::string state;        // "", or the agent's workload state: starting, running, exited, ...
+  // A deployment's replica: the port the server gave it (its PORT), and whether the agent's
+  // readiness probe on it last succeeded.
+  int32_t port = 0;
+  bool ready = false;
+  std::string state;  // "", or the agent's workload state: starting, running, exited, ...
   std::optional<int32_t> exit_code;
   std::optional<int32_t> signal;
   std::string error;
+};
+
+// Set on the jobs that are a deployment's replicas (docs/serving.md); empty for batch jobs.
+struct ReplicaOf {
+  std::string deployment;
+  int64_t generation = 0;      // of the deployment's spec it runs
+  std::string readiness_path;  // probed by the agent on the replica's port
+  // Drained: no longer an endpoint; it is stopped once no gateway has a request in flight on it.
+  TimeMs draining_since_ms = 0;
+  bool draining() const { return draining_since_ms > 0; }
 };
 
 struct JobRecord {
@@ -96,6 +110,7 @@ struct JobRecord {
   // Running, and every GPU of it has shown (next to) no utilisation since then for the server's
   // --idle-gpu-timeout (docs/quotas.md); unset when it is not idle.
   std::optional<TimeMs> idle_since_ms;
+  std::optional<ReplicaOf> replica;
 };
 
 // ---- Nodes, queues, tokens ---------------------------------------------------------------------
@@ -159,7 +174,8 @@ struct QueueStatus {
   double fair_share_factor = 1.0;
 };
 
-enum class Role { kAdmin, kUser, kAgent };
+// A gateway's token may read deployments' endpoints and report their load, nothing else.
+enum class Role { kAdmin, kUser, kAgent, kGateway };
 std::string_view RoleName(Role role);
 std::optional<Role> ParseRole(std::string_view name);
 
@@ -200,6 +216,7 @@ struct WorkloadReport {
   std::string error;
   TimeMs started_ms = 0;
   TimeMs finished_ms = 0;
+  bool ready = false;  // a replica's readiness probe last succeeded
 };
 
 struct SyncRequest {
@@ -231,12 +248,119 @@ struct TaskLaunch {
   // GPUFLEET_CHECKPOINT_DIR: the same for every attempt of the job. Empty: the agent's own
   // <data-dir>/checkpoints/job-<id> (survives a requeue onto the same node only).
   std::string checkpoint_dir;
+  // A deployment's replica listens on this port (its PORT) of the node; the agent probes
+  // GET http://127.0.0.1:<port><readiness_path> and reports `ready`.
+  int32_t port = 0;
+  std::string readiness_path;
 };
 
 struct SyncResponse {
   uint64_t version = 0;
   std::vector<TaskLaunch> desired;  // run exactly these; stop any other job workload
   int32_t heartbeat_ms = 5000;      // sync at least this often, or the node is marked lost
+};
+
+// ---- Deployments (docs/serving.md) -----------------------------------------------------------
+
+// When a deployment's replicas come and go: Knative's KPA (serving/autoscaler.h).
+struct AutoscalingSpec {
+  std::string metric = "concurrency";  // or "rps"
+  double target = 1.0;                 // per replica: requests in flight, or requests/s
+  double target_utilization = 0.7;
+  TimeMs stable_window_ms = 60000;
+  TimeMs panic_window_ms = 6000;
+  double panic_threshold = 2.0;
+  TimeMs scale_to_zero_grace_ms = 30000;
+  double max_scale_up_rate = 1000.0;
+  double max_scale_down_rate = 2.0;
+};
+
+// What a user deploys: POST /api/v1/deployments, or `gpufleet deploy -f model.yaml`.
+struct DeploymentSpec {
+  std::string name;  // a DNS label: routes by Host, /d/NAME/ and the OpenAI `model` field
+  std::string queue = "default";
+  int32_t priority = 0;  // among the queue's replicas; replicas always rank above batch jobs
+  std::vector<std::string> command;
+  std::map<std::string, std::string> env;
+  std::string workdir;
+  MilliGpu gpu_milli_per_replica = kMilliPerGpu;
+  MilliCpu cpu_milli_per_replica = 0;
+  MiB memory_mib_per_replica = 0;
+  std::vector<std::string> gpu_models;
+  MiB min_gpu_memory_mib = 0;
+  int32_t min_replicas = 0;
+  int32_t max_replicas = 1;
+  std::string readiness_path = "/health";
+  // Names the OpenAI `model` field may use besides the deployment's name (served model names,
+  // LoRA adapters).
+  std::vector<std::string> models;
+  std::string routing = "least_outstanding";  // round_robin, least_outstanding, endpoint_picker
+  AutoscalingSpec autoscaling;
+  TimeMs grace_period_ms = 30000;    // SIGTERM to SIGKILL for a replica being stopped
+  TimeMs drain_timeout_ms = 300000;  // a draining replica is stopped after this at the latest
+};
+
+// One replica as `deployment show` lists it: derived from its job.
+struct ReplicaStatus {
+  JobId job_id = 0;
+  int64_t generation = 0;
+  std::string state;  // pending, starting, ready, draining
+  std::string node;
+  std::string host;  // the node's address
+  int32_t port = 0;
+  TimeMs created_ms = 0;
+};
+
+struct DeploymentRecord {
+  std::string name;
+  std::string user;  // who created it
+  std::string team;  // who may see, change and call it
+  DeploymentSpec spec;
+  int64_t generation = 1;  // +1 on every spec change: replicas of older ones are rolled
+  int32_t desired_replicas = 0;
+  std::string desired_reason;             // the autoscaler's sentence, or who scaled it
+  std::optional<int32_t> fixed_replicas;  // `gpufleet scale NAME N`: the autoscaler is off
+  TimeMs created_ms = 0;
+  TimeMs updated_ms = 0;
+  // Replicas that failed in a row, none becoming ready since: new ones start after a back-off
+  // (a crash loop does not churn the scheduler), from the last failure's time.
+  int32_t failures_in_a_row = 0;
+  TimeMs last_failure_ms = 0;
+  // Shown, never stored: from the replicas' jobs.
+  std::vector<ReplicaStatus> replicas;
+  int32_t ready_replicas = 0;
+};
+
+// GET /api/v1/endpoints: what gateways route to, the whole set each time (level-triggered).
+struct EndpointInfo {
+  std::string id;  // the replica: "j42"
+  std::string host;
+  int32_t port = 0;
+};
+struct DeploymentEndpoints {
+  std::string name;
+  std::string team;
+  std::vector<std::string> models;
+  std::string routing;
+  std::vector<EndpointInfo> endpoints;  // ready and not draining
+};
+struct EndpointSet {
+  uint64_t version = 0;
+  std::vector<DeploymentEndpoints> deployments;
+};
+
+// POST /api/v1/gateways/report: what one gateway saw of each deployment since its last report.
+struct DeploymentLoadReport {
+  std::string name;
+  double concurrency = 0;  // time-averaged requests in flight, buffered ones included
+  double arrivals = 0;     // requests that arrived
+  int64_t buffered = 0;    // waiting now for a replica
+  std::map<std::string, int64_t> in_flight;  // replica id -> requests in flight now
+};
+struct GatewayReport {
+  std::string gateway;  // the gateway's own id, stable across its reports
+  TimeMs interval_ms = 0;
+  std::vector<DeploymentLoadReport> deployments;
 };
 
 }  // namespace gpufleet::api

@@ -29,8 +29,10 @@ constexpr std::chrono::milliseconds kLogPollInterval{300};
 
 // Fields whose values are strings whatever they look like: `command: [sleep, 60]` is two words,
 // `env: {SEED: 1}` sets SEED to "1", `name: 2024` is a name.
-const std::set<std::string, std::less<>> kStringFields = {"name", "queue",   "command",
-                                                          "env",  "workdir", "gpu_model"};
+// Deployments' string fields too: the same reader takes `gpufleet deploy -f model.yaml`.
+const std::set<std::string, std::less<>> kStringFields = {"name",   "queue",          "command",
+                                                          "env",    "workdir",        "gpu_model",
+                                                          "models", "readiness_path", "routing"};
 
 // A plain (unquoted) scalar as YAML 1.2's core schema reads it.
 json PlainScalar(const std::string& text) {
@@ -497,13 +499,13 @@ std::optional<json> JobYamlToJson(std::string_view text, std::string_view source
     root = YAML::Load(std::string(text));
     if (root.IsNull() || !root.IsDefined()) {
       error = fmt::format(
-          "{}: the file is empty; a job is a mapping such as 'command: [python3, "
+          "{}: the file is empty; it must be a mapping such as 'command: [python3, "
           "train.py]'",
           source);
       return std::nullopt;
     }
     if (!root.IsMap()) {
-      error = fmt::format("{}:{}: a job must be a mapping of fields (name, command, gpus, ...)",
+      error = fmt::format("{}:{}: the file must be a mapping of fields (name, command, gpus, ...)",
                           source, root.Mark().line + 1);
       return std::nullopt;
     }

@@ -9,6 +9,7 @@
 
 #include "cli/agent_command.h"
 #include "cli/cluster_commands.h"
+#include "cli/deployment_commands.h"
 #include "cli/dev_command.h"
 #include "cli/job_commands.h"
 #include "cli/server_command.h"
@@ -70,6 +71,8 @@ int main(int argc, char** argv) {
   gpufleet::cli::AddJobCommands(app, job_args);
   gpufleet::cli::ClusterArgs cluster_args;
   gpufleet::cli::AddClusterCommands(app, cluster_args);
+  gpufleet::cli::DeploymentArgs deployment_args;
+  gpufleet::cli::AddDeploymentCommands(app, deployment_args);
 
   if (argc >= 2 && std::string_view(argv[1]) == "help")
     return PrintHelp(app, std::vector<std::string>(argv + 2, argv + argc));
@@ -90,6 +93,7 @@ int main(int argc, char** argv) {
   if (*dev) return gpufleet::cli::RunDev(dev_args);
   if (auto code = gpufleet::cli::RunJobCommands(job_args)) return *code;
   if (auto code = gpufleet::cli::RunClusterCommands(cluster_args)) return *code;
+  if (auto code = gpufleet::cli::RunDeploymentCommands(deployment_args)) return *code;
   fmt::print(stderr, "{}", HelpText(app, "gpufleet"));
   return kExitUsage;
 }

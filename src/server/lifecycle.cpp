@@ -159,6 +159,12 @@ ReportEffect ApplyWorkloadReport(JobRecord& job, const api::WorkloadReport& repo
   TaskStatus& task = job.tasks[static_cast<size_t>(report.rank)];
   if (task.node != node) return effect;
   if (!report.workload_id.empty() && report.workload_id != task.workload_id) return effect;
+  // Only a replica that runs can be ready: a report of an ended one clears it.
+  const bool ready = job.replica && task.port > 0 && report.ready && report.state == "running";
+  if (task.ready != ready) {
+    task.ready = ready;
+    effect.changed = effect.readiness_changed = true;
+  }
   if (task.state == report.state && task.exit_code == report.exit_code &&
       task.signal == report.signal && task.error == report.error)
     return effect;
@@ -176,7 +182,8 @@ JobSpec ToJobSpec(const JobRecord& job) {
   spec.id = job.id;
   spec.name = job.spec.name;
   spec.queue = job.spec.queue;
-  spec.priority = job.spec.priority;
+  // A deployment's replicas come before the batch jobs of their queue, whatever the priorities.
+  spec.priority = job.replica ? kReplicaPriority + job.spec.priority : job.spec.priority;
   spec.tasks = job.spec.tasks;
   spec.gpu_milli_per_task = job.spec.gpu_milli_per_task;
   spec.cpu_milli_per_task = job.spec.cpu_milli_per_task;
@@ -294,6 +301,16 @@ api::TaskLaunch MakeTaskLaunch(const JobRecord& job, int32_t rank, const std::st
   // How many times the job was started before (preempted, its node lost): a job resumes from
   // its checkpoint (GPUFLEET_CHECKPOINT_DIR, set by the agent) when this is above 0.
   launch.env["GPUFLEET_RESTART_COUNT"] = std::to_string(job.attempt);
+  if (job.replica && task.port > 0) {
+    launch.port = task.port;
+    launch.readiness_path = job.replica->readiness_path;
+    launch.env["PORT"] = std::to_string(task.port);
+    // The node's address, where gateways reach it and the agent probes it: a model server
+    // binds there (vLLM's --host, the reference server's default).
+    launch.env["HOST"] = master_addr;
+    launch.env["GPUFLEET_DEPLOYMENT"] = job.replica->deployment;
+    launch.env["GPUFLEET_REPLICA"] = fmt::format("j{}", job.id);
+  }
   return launch;
 }
 

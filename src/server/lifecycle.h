@@ -44,8 +44,9 @@ void FailJob(api::JobRecord& job, std::string reason, std::optional<int32_t> exi
 bool CancelJob(api::JobRecord& job, std::string reason, TimeMs now);
 
 struct ReportEffect {
-  bool changed = false;  // the record changed: persist it
-  bool ended = false;    // the job became terminal: its other tasks must be stopped
+  bool changed = false;            // the record changed: persist it
+  bool ended = false;              // the job became terminal: its other tasks must be stopped
+  bool readiness_changed = false;  // a replica became ready or stopped being: endpoints change
 };
 
 // Applies what the agent on `node` says of one task. Reports of another attempt, another node, an
@@ -55,6 +56,10 @@ struct ReportEffect {
 // succeeds it; a task started makes it starting; every task running makes it running.
 ReportEffect ApplyWorkloadReport(api::JobRecord& job, const api::WorkloadReport& report,
                                  std::string_view node, TimeMs now);
+
+// Added to a replica's priority for the scheduler: users' priorities are within +-1e6, so every
+// replica ranks above every batch job of its queue (docs/serving.md).
+inline constexpr int32_t kReplicaPriority = 10'000'000;
 
 // The scheduler's view of a job's request (submit_time = created_ms).
 JobSpec ToJobSpec(const api::JobRecord& job);

@@ -218,6 +218,18 @@ std::string Server::Impl::Load() {
       const std::string name = entry.record.report.name;
       nodes.insert_or_assign(name, std::move(entry));
     });
+    store->Scan(kDeploymentPrefix, [&](std::string_view key, std::string_view value) {
+      key_in_hand = key;
+      DeploymentEntry entry;
+      entry.record = json::parse(value).get<api::DeploymentRecord>();
+      ResetAutoscalerLocked(entry);
+      const std::string name = entry.record.name;
+      deployments.insert_or_assign(name, std::move(entry));
+    });
+    for (const auto& [id, job] : jobs)
+      if (job.replica && !api::IsTerminal(job.state))
+        if (auto it = deployments.find(job.replica->deployment); it != deployments.end())
+          it->second.replicas.insert(id);
     store->Scan(kTokenPrefix, [&](std::string_view key, std::string_view value) {
       key_in_hand = key;
       const json stored = json::parse(value);
@@ -284,6 +296,9 @@ void Server::Impl::Stop() {
     // Parked long polls are answered now, with what the node should run; new ones are not held.
     for (auto& [name, node] : nodes)
       AnswerParkedLocked(name);
+    for (EndpointWatch& watch : endpoint_watches)
+      watch.respond(net::HttpResponse::Json(200, json(EndpointsLocked(watch.caller)).dump()));
+    endpoint_watches.clear();
   }
   scheduler_cv.notify_all();
   maintenance_cv.notify_all();
@@ -684,10 +699,15 @@ void Server::Impl::MaintenanceLoop() {
     }
     const bool idle_changed =
         options.idle_gpu_timeout_ms > 0 && !failed() && CheckIdleLocked(WallMs(), batch, wake);
-    if (lost_any || idle_changed) {
-      ChangedLocked();
-      CommitLocked(std::move(batch), nullptr, std::move(wake));
+    if (lost_any || idle_changed) ChangedLocked();
+    if (!deployments.empty() && !failed()) {
+      // Autoscalers every 2 s (Knative's tick); the replicas' convergence on every pass.
+      const bool tick = steady_now - last_autoscale >= std::chrono::seconds(2);
+      ReconcileDeploymentsLocked(WallMs(), tick, batch, wake);
+      next = std::min(next, steady_now + std::chrono::milliseconds(500));
     }
+    ExpireEndpointWatchesLocked(steady_now, next);
+    if (!batch.empty()) CommitLocked(std::move(batch), nullptr, std::move(wake));
     maintenance_cv.wait_until(lock, next);
   }
 }
@@ -877,6 +897,8 @@ void Server::Impl::ApplyLocked(const Snapshot& snapshot, const sched::Decisions&
         task.gpu_milli = share.milli;
       }
       task.workload_id = WorkloadId(job.id, task.rank, job.attempt);
+      // Its PORT; with all 2768 taken (absurd on one node) it gets none and never becomes ready.
+      if (job.replica) task.port = FreeReplicaPortLocked(node.name);
       where.push_back(task.gpu_indices.empty()
                           ? node.name
                           : fmt::format("{} (GPU {})", node.name, JoinIndices(task.gpu_indices)));

@@ -140,7 +140,7 @@ int64_t CountHealthyGpus(const api::NodeReport& report) {
 
 // ---- Route helpers --------------------------------------------------------------------------
 
-using Handler = void (*)(Impl&, const HttpRequest&, const Caller&, HttpResponder);
+using Handler = RouteHandler;
 
 // A job the caller may see, or an answer already given (400 bad id, 404 unknown or another
 // team's). Called with the lock held.
@@ -686,12 +686,15 @@ void Sync(Impl& s, const HttpRequest& request, const Caller&, HttpResponder resp
   std::vector<std::string> wake;
   if (persist) batch.push_back(s.PutNodeLocked(node));
   if (capacity_changed) s.ChangedLocked();
+  bool endpoints_changed = false;
   for (const api::WorkloadReport& report : sync.workloads) {
     auto job = s.jobs.find(report.job_id);
     if (job == s.jobs.end()) continue;
     const std::vector<std::string> on = s.NodesOf(job->second);
     const ReportEffect effect = ApplyWorkloadReport(job->second, report, name, now);
     if (!effect.changed) continue;
+    endpoints_changed = endpoints_changed || effect.readiness_changed ||
+                        (effect.ended && job->second.replica.has_value());
     s.IndexJobLocked(job->second);
     batch.push_back(s.PutJobLocked(job->second));
     if (effect.ended) {
@@ -703,6 +706,7 @@ void Sync(Impl& s, const HttpRequest& request, const Caller&, HttpResponder resp
       s.ChangedLocked();
     }
   }
+  if (endpoints_changed) s.RefreshEndpointsLocked();
   if (batch.empty())
     return s.FinishSyncLocked(name, sync.known_version, sync.wait_ms, std::move(respond));
   Impl* impl = &s;
@@ -923,6 +927,24 @@ class InFlight {
   std::atomic<bool> finished_{false};
 };
 
+// Runs `handler` for a caller whose token is valid and has one of `roles`; 401 or 403 otherwise.
+void Authorized(Impl& s, const HttpRequest& request, const std::vector<Role>& roles,
+                Handler handler, HttpResponder respond) {
+  auto caller = s.Authenticate(request);
+  if (!caller) {
+    HttpResponse refusal = HttpResponse::Error(401, request.Header("Authorization").empty()
+                                                        ? "no token: send 'Authorization: Bearer "
+                                                          "<token>'"
+                                                        : "unknown or revoked token");
+    refusal.headers.emplace_back("WWW-Authenticate", "Bearer");
+    return respond(std::move(refusal));
+  }
+  if (std::find(roles.begin(), roles.end(), caller->info.role) == roles.end())
+    return respond(HttpResponse::Error(403, fmt::format("a token with role {} may not do this",
+                                                        api::RoleName(caller->info.role))));
+  handler(s, request, *caller, std::move(respond));
+}
+
 }  // namespace
 
 std::optional<Caller> Server::Impl::Authenticate(const HttpRequest& request) const {
@@ -958,20 +980,7 @@ void Server::Impl::AddRoutes() {
     std::vector<Role> roles(role_list);
     router.AddAsync(std::move(method), pattern,
                     [this, roles, handler](HttpRequest request, HttpResponder respond) {
-                      auto caller = Authenticate(request);
-                      if (!caller) {
-                        HttpResponse refusal = HttpResponse::Error(
-                            401, request.Header("Authorization").empty()
-                                     ? "no token: send 'Authorization: Bearer <token>'"
-                                     : "unknown or revoked token");
-                        refusal.headers.emplace_back("WWW-Authenticate", "Bearer");
-                        return respond(std::move(refusal));
-                      }
-                      if (std::find(roles.begin(), roles.end(), caller->info.role) == roles.end())
-                        return respond(HttpResponse::Error(
-                            403, fmt::format("a token with role {} may not do this",
-                                             api::RoleName(caller->info.role))));
-                      handler(*this, request, *caller, std::move(respond));
+                      Authorized(*this, request, roles, handler, std::move(respond));
                     });
   };
   const auto people = {Role::kAdmin, Role::kUser};
@@ -986,12 +995,20 @@ void Server::Impl::AddRoutes() {
   api("POST", "/api/v1/nodes/{name}/undrain", admin, UndrainNode);
   api("GET", "/api/v1/queues", people, ListQueues);
   api("GET", "/api/v1/usage", people, Usage);
-  api("GET", "/api/v1/whoami", {Role::kAdmin, Role::kUser, Role::kAgent}, Whoami);
+  api("GET", "/api/v1/whoami", {Role::kAdmin, Role::kUser, Role::kAgent, Role::kGateway}, Whoami);
   api("POST", "/api/v1/tokens", admin, CreateTokenRoute);
   api("GET", "/api/v1/tokens", admin, ListTokens);
   api("DELETE", "/api/v1/tokens/{id}", admin, RevokeToken);
   api("GET", "/api/v1/audit", admin, ListAudit);
   api("POST", "/api/v1/agents/sync", {Role::kAgent, Role::kAdmin}, Sync);
+  for (ApiRoute& route : DeploymentRoutes()) {
+    auto roles = route.roles;
+    router.AddAsync(std::move(route.method), route.pattern,
+                    [this, roles = std::move(roles), handler = route.handler](
+                        HttpRequest request, HttpResponder respond) {
+                      Authorized(*this, request, roles, handler, std::move(respond));
+                    });
+  }
 }
 
 }  // namespace gpufleet::server

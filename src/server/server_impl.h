@@ -26,6 +26,7 @@
 #include "sched/types.h"
 #include "server/metrics.h"
 #include "server/server.h"
+#include "serving/autoscaler.h"
 #include "store/group_commit.h"
 #include "store/store.h"
 
@@ -38,6 +39,8 @@ std::string JobKey(JobId id);
 std::string NodeKey(const std::string& name);
 std::string TokenKey(const std::string& id);
 std::string AuditKey(uint64_t seq);
+std::string DeploymentKey(const std::string& name);
+inline constexpr std::string_view kDeploymentPrefix = "deployments/";
 inline constexpr std::string_view kJobPrefix = "jobs/";
 inline constexpr std::string_view kNodePrefix = "nodes/";
 inline constexpr std::string_view kTokenPrefix = "tokens/";
@@ -66,6 +69,18 @@ struct Caller {
   api::TokenInfo info;
   bool admin() const { return info.role == api::Role::kAdmin; }
 };
+
+
+// An API route: the roles that may call it and its handler (server_api.cpp registers them).
+using RouteHandler = void (*)(Server::Impl&, const net::HttpRequest&, const Caller&,
+                              net::HttpResponder);
+struct ApiRoute {
+  std::string method;
+  std::string pattern;
+  std::vector<api::Role> roles;
+  RouteHandler handler;
+};
+std::vector<ApiRoute> DeploymentRoutes();  // deployments.cpp
 
 struct Server::Impl {
   // A sync held until the node's desired state changes or its deadline passes.
@@ -97,6 +112,30 @@ struct Server::Impl {
     std::map<std::string, double, std::less<>> fair_share_usage;
   };
   using CommitDone = std::function<void(const std::string& error)>;  // empty: durable
+
+  // A deployment (deployments.cpp, docs/serving.md): its record as stored, the replica jobs not
+  // yet seen ended, and the autoscaler, which lives in memory only.
+  struct DeploymentEntry {
+    api::DeploymentRecord record;
+    std::set<JobId> replicas;
+    std::optional<serving::KpaAutoscaler> autoscaler;
+    SteadyTime autoscaler_since;  // its decisions to scale down count once it has a window
+    // Gateways' load since the last autoscaler tick: in-flight request-milliseconds and arrivals.
+    double load_area_ms = 0;
+    double load_arrivals = 0;
+    int64_t buffered = 0;  // the latest reports' sum: requests waiting for a first replica
+  };
+  // What each gateway last said (POST /api/v1/gateways/report).
+  struct GatewayEntry {
+    SteadyTime last_seen;
+    TimeMs last_report_ms = 0;                                        // wall clock
+    std::map<std::string, std::map<std::string, int64_t>> in_flight;  // deployment -> replica -> n
+  };
+  struct EndpointWatch {
+    SteadyTime deadline;
+    net::HttpResponder respond;
+    std::optional<Caller> caller;
+  };
 
   explicit Impl(ServerOptions server_options);
   ~Impl();
@@ -156,6 +195,26 @@ struct Server::Impl {
   void MarkLostLocked(NodeEntry& node, TimeMs now, std::vector<store::Mutation>& batch,
                       std::vector<std::string>& wake);
 
+  // ---- deployments.cpp --------------------------------------------------------------------
+  // Converges every deployment's replicas to what it wants (scale, roll, drain, restart) and
+  // runs the autoscalers when `tick` says their interval has passed.
+  void ReconcileDeploymentsLocked(TimeMs now, bool tick, std::vector<store::Mutation>& batch,
+                                  std::vector<std::string>& wake);
+  bool ReconcileDeploymentLocked(DeploymentEntry& entry, TimeMs now,
+                                 std::vector<store::Mutation>& batch,
+                                 std::vector<std::string>& wake);
+  void AutoscaleLocked(DeploymentEntry& entry, TimeMs now, double interval_ms,
+                       std::vector<store::Mutation>& batch);
+  store::Mutation PutDeploymentLocked(const DeploymentEntry& entry) const;
+  api::DeploymentRecord ShowDeploymentLocked(const DeploymentEntry& entry) const;
+  void ResetAutoscalerLocked(DeploymentEntry& entry);
+  // The lowest port of the replica range that no replica on `node` holds.
+  int32_t FreeReplicaPortLocked(const std::string& node) const;
+  api::EndpointSet EndpointsLocked(const std::optional<Caller>& caller) const;
+  // Recomputes the endpoint set; a change gets a new version and answers the parked watches.
+  void RefreshEndpointsLocked();
+  void ExpireEndpointWatchesLocked(SteadyTime now, SteadyTime& next);
+
   CreatedToken CreateTokenLocked(const std::string& user, const std::string& team, api::Role role,
                                  const Caller& actor, TimeMs now,
                                  std::vector<store::Mutation>& batch);
@@ -199,6 +258,12 @@ struct Server::Impl {
   std::unordered_map<JobId, std::vector<JobId>> yields_to;
   bool YieldsLocked(JobId id) const;
   std::map<std::string, NodeEntry> nodes;
+  std::map<std::string, DeploymentEntry> deployments;
+  std::map<std::string, GatewayEntry> gateways;
+  std::vector<EndpointWatch> endpoint_watches;
+  uint64_t endpoints_version = 0;
+  std::string endpoints_digest;  // the last endpoint set, to tell whether it changed
+  SteadyTime last_autoscale{};
   std::map<std::string, TokenEntry> tokens;                      // by id
   std::unordered_map<std::string, std::string> token_by_sha256;  // -> id
   JobId next_job_id = 1;
