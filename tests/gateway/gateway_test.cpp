@@ -1,0 +1,664 @@
+// The gateway against in-test backends: small blocking HTTP servers on raw sockets, so a test
+// can count their connections and hold a response between chunks (handshakes, no timing).
+
+#include "gateway/gateway.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <future>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/read_until.hpp>
+#include <boost/asio/streambuf.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "gateway/routes_file.h"
+
+namespace gpufleet::gateway {
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+
+constexpr auto kGuard = std::chrono::seconds(20);  // against hangs only
+
+struct BackendRequest {
+  std::string method, target, body;
+  std::map<std::string, std::string> headers;  // lower-case names
+};
+
+// One accepted connection of a Backend.
+class BackendConnection {
+ public:
+  explicit BackendConnection(tcp::socket socket) : socket_(std::move(socket)) {}
+  std::optional<BackendRequest> ReadRequest() {
+    beast::error_code error;
+    http::request<http::string_body> request;
+    http::read(socket_, buffer_, request, error);
+    if (error) return std::nullopt;
+    BackendRequest out{
+        std::string(request.method_string()), std::string(request.target()), request.body(), {}};
+    for (const auto& field : request) {
+      std::string name(field.name_string());
+      for (char& c : name)
+        c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      out.headers[name] = std::string(field.value());
+    }
+    return out;
+  }
+  bool Write(std::string_view bytes) {
+    beast::error_code error;
+    asio::write(socket_, asio::buffer(bytes.data(), bytes.size()), error);
+    return !error;
+  }
+  void Respond(int status, std::string_view body, std::string_view content_type = "text/plain") {
+    Write(fmt::format("HTTP/1.1 {} X\r\nContent-Type: {}\r\nContent-Length: {}\r\n\r\n{}", status,
+                      content_type, body.size(), body));
+  }
+  // Blocks until the peer closes (true) or sends something (false).
+  bool WaitForClose() {
+    char byte;
+    beast::error_code error;
+    socket_.read_some(asio::buffer(&byte, 1), error);
+    return static_cast<bool>(error);
+  }
+  void Close() {
+    beast::error_code ignored;
+    socket_.shutdown(tcp::socket::shutdown_both, ignored);
+    socket_.close(ignored);
+  }
+
+ private:
+  tcp::socket socket_;
+  beast::flat_buffer buffer_;
+};
+
+// Answers each request with the handler, on one thread per connection.
+class Backend {
+ public:
+  // Returns false to close the connection.
+  using Handler = std::function<bool(const BackendRequest&, BackendConnection&)>;
+  explicit Backend(Handler handler)
+      : handler_(std::move(handler)), acceptor_(ioc_, {asio::ip::make_address("127.0.0.1"), 0}) {
+    accept_thread_ = std::thread([this] {
+      for (;;) {
+        beast::error_code error;
+        tcp::socket socket(ioc_);
+        acceptor_.accept(socket, error);
+        if (error || stopping_) return;
+        auto connection = std::make_shared<BackendConnection>(std::move(socket));
+        std::lock_guard lock(mutex_);
+        ++accepted_;
+        connections_.push_back(connection);
+        threads_.emplace_back([this, connection] {
+          while (auto request = connection->ReadRequest()) {
+            {
+              std::lock_guard request_lock(mutex_);
+              requests_.push_back(*request);
+            }
+            if (!handler_(*request, *connection)) break;
+          }
+          connection->Close();
+        });
+      }
+    });
+  }
+  ~Backend() {
+    stopping_ = true;
+    beast::error_code ignored;
+    tcp::socket poke(ioc_);
+    poke.connect(acceptor_.local_endpoint(), ignored);
+    accept_thread_.join();
+    std::vector<std::thread> threads;
+    {
+      std::lock_guard lock(mutex_);
+      for (auto& connection : connections_)
+        connection->Close();
+      threads = std::move(threads_);
+    }
+    for (auto& thread : threads)
+      thread.join();
+  }
+  uint16_t port() const { return acceptor_.local_endpoint().port(); }
+  int accepted() {
+    std::lock_guard lock(mutex_);
+    return accepted_;
+  }
+  std::vector<BackendRequest> requests() {
+    std::lock_guard lock(mutex_);
+    return requests_;
+  }
+  Endpoint endpoint(std::string id, bool draining = false) const {
+    return {std::move(id), "127.0.0.1", port(), draining};
+  }
+
+ private:
+  Handler handler_;
+  asio::io_context ioc_;
+  tcp::acceptor acceptor_;
+  std::atomic<bool> stopping_{false};
+  std::thread accept_thread_;
+  std::mutex mutex_;
+  int accepted_ = 0;
+  std::vector<std::shared_ptr<BackendConnection>> connections_;
+  std::vector<std::thread> threads_;
+  std::vector<BackendRequest> requests_;
+};
+
+Backend::Handler Echo(std::string name) {
+  return [name](const BackendRequest& request, BackendConnection& connection) {
+    connection.Respond(200, fmt::format("{} {} {}", name, request.method, request.target));
+    return true;
+  };
+}
+
+// A port with nothing listening.
+uint16_t DeadPort() {
+  asio::io_context ioc;
+  tcp::acceptor acceptor(ioc, {asio::ip::make_address("127.0.0.1"), 0});
+  return acceptor.local_endpoint().port();
+}
+
+struct Reply {
+  int status = 0;
+  std::string body;
+  std::map<std::string, std::string> headers;
+  bool ok = false;
+};
+
+// A client connection to the gateway (keep-alive).
+class Client {
+ public:
+  explicit Client(uint16_t port) : socket_(ioc_) {
+    socket_.connect({asio::ip::make_address("127.0.0.1"), port});
+  }
+  Reply Send(http::verb method, std::string target, std::string body = {},
+             std::map<std::string, std::string> headers = {}) {
+    http::request<http::string_body> request(method, target, 11);
+    request.set(http::field::host, "127.0.0.1");
+    for (const auto& [name, value] : headers)
+      request.set(name, value);
+    request.body() = std::move(body);
+    if (!request.body().empty() || method == http::verb::post) request.prepare_payload();
+    Reply reply;
+    beast::error_code error;
+    http::write(socket_, request, error);
+    if (error) return reply;
+    http::response_parser<http::string_body> parser;
+    parser.body_limit(std::numeric_limits<uint64_t>::max());
+    if (method == http::verb::head) parser.skip(true);
+    http::read(socket_, buffer_, parser, error);
+    if (error) return reply;
+    reply.ok = true;
+    reply.status = static_cast<int>(parser.get().result_int());
+    reply.body = parser.get().body();
+    for (const auto& field : parser.get())
+      reply.headers[std::string(field.name_string())] = std::string(field.value());
+    return reply;
+  }
+  // Raw access for streaming tests.
+  void WriteRaw(std::string_view bytes) {
+    asio::write(socket_, asio::buffer(bytes.data(), bytes.size()));
+  }
+  // Reads until `needle` has arrived; everything read so far.
+  std::string ReadUntil(std::string_view needle) {
+    while (raw_.find(needle) == std::string::npos) {
+      char data[4096];
+      beast::error_code error;
+      const size_t got = socket_.read_some(asio::buffer(data), error);
+      if (error) break;
+      raw_.append(data, got);
+    }
+    return raw_;
+  }
+  void Close() {
+    beast::error_code ignored;
+    socket_.shutdown(tcp::socket::shutdown_both, ignored);
+    socket_.close(ignored);
+  }
+
+ private:
+  asio::io_context ioc_;
+  tcp::socket socket_;
+  beast::flat_buffer buffer_;
+  std::string raw_;
+};
+
+const std::map<std::string, std::string> kAlice = {{"Authorization", "Bearer alice-token"}};
+
+GatewayOptions TestOptions() {
+  GatewayOptions options;
+  options.io_threads = 2;
+  options.auth_disabled = true;
+  options.picker.policy = serving::RoutingPolicy::kRoundRobin;
+  return options;
+}
+
+std::unique_ptr<Gateway> StartGateway(GatewayOptions options) {
+  auto started = Gateway::Start(std::move(options));
+  EXPECT_TRUE(started.gateway) << started.error;
+  return std::move(started.gateway);
+}
+
+Route MakeRoute(std::string name, std::vector<Endpoint> endpoints, std::string team = "ml") {
+  Route route;
+  route.deployment = std::move(name);
+  route.team = std::move(team);
+  route.endpoints = std::move(endpoints);
+  return route;
+}
+
+// The value of an unlabelled or exactly labelled sample in Prometheus text; -1 when absent.
+double Sample(const std::string& text, const std::string& series) {
+  const size_t at = text.find("\n" + series + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(text.substr(at + series.size() + 2));
+}
+
+TEST(GatewayRouting, PrefixIsStrippedBeforeForwarding) {
+  Backend backend(Echo("a"));
+  auto gateway = StartGateway(TestOptions());
+  gateway->SetRoutes({MakeRoute("echo", {backend.endpoint("r1")})});
+  Client client(gateway->port());
+  Reply reply = client.Send(http::verb::get, "/d/echo/hello/world?x=1");
+  ASSERT_TRUE(reply.ok);
+  EXPECT_EQ(reply.status, 200);
+  EXPECT_EQ(reply.body, "a GET /hello/world?x=1");
+  EXPECT_EQ(client.Send(http::verb::get, "/d/echo").body, "a GET /");
+  EXPECT_EQ(client.Send(http::verb::get, "/d/nope/x").status, 404);
+}
+
+TEST(GatewayRouting, HostFirstLabelOrWholeHost) {
+  Backend a(Echo("a"));
+  Backend b(Echo("b"));
+  auto gateway = StartGateway(TestOptions());
+  gateway->SetRoutes(
+      {MakeRoute("alpha", {a.endpoint("r1")}), MakeRoute("beta", {b.endpoint("r2")})});
+  Client client(gateway->port());
+  EXPECT_EQ(client.Send(http::verb::get, "/x", {}, {{"Host", "alpha.inference.example:8080"}}).body,
+            "a GET /x");
+  EXPECT_EQ(client.Send(http::verb::get, "/y", {}, {{"Host", "beta"}}).body, "b GET /y");
+  EXPECT_EQ(client.Send(http::verb::get, "/z", {}, {{"Host", "gamma.example"}}).status, 404);
+}
+
+TEST(GatewayRouting, OpenAiModelField) {
+  Backend a(Echo("a"));
+  Backend b(Echo("b"));
+  auto gateway = StartGateway(TestOptions());
+  Route llama = MakeRoute("llama", {a.endpoint("r1")});
+  llama.model_names = {"meta-llama/Llama-3-8B", "sql-lora"};
+  gateway->SetRoutes({llama, MakeRoute("qwen", {b.endpoint("r2")})});
+  Client client(gateway->port());
+  EXPECT_EQ(
+      client.Send(http::verb::post, "/v1/completions", R"({"model":"sql-lora","prompt":"hi"})")
+          .body,
+      "a POST /v1/completions");
+  EXPECT_EQ(client
+                .Send(http::verb::post, "/v1/chat/completions",
+                      R"({"model":"qwen","messages":[{"role":"user","content":"hi"}]})")
+                .body,
+            "b POST /v1/chat/completions");
+  // The replica got the body as sent.
+  EXPECT_EQ(a.requests().back().body, R"({"model":"sql-lora","prompt":"hi"})");
+
+  Reply unknown = client.Send(http::verb::post, "/v1/completions", R"({"model":"gpt-9"})");
+  EXPECT_EQ(unknown.status, 404);
+  auto error = nlohmann::json::parse(unknown.body);
+  EXPECT_EQ(error["error"]["code"], 404);
+  EXPECT_NE(error["error"]["message"].get<std::string>().find("gpt-9"), std::string::npos);
+  EXPECT_EQ(client.Send(http::verb::post, "/v1/completions", "{not json").status, 400);
+  EXPECT_EQ(client.Send(http::verb::post, "/v1/completions", R"({"prompt":"x"})").status, 400);
+}
+
+TEST(GatewayRouting, BodyOverTheLimitIs413) {
+  Backend a(Echo("a"));
+  GatewayOptions options = TestOptions();
+  options.max_body_bytes = 1000;
+  auto gateway = StartGateway(options);
+  gateway->SetRoutes({MakeRoute("llama", {a.endpoint("r1")})});
+  Client client(gateway->port());
+  Reply reply = client.Send(http::verb::post, "/v1/completions",
+                            R"({"model":"llama","prompt":")" + std::string(2000, 'x') + "\"}");
+  EXPECT_EQ(reply.status, 413);
+  EXPECT_TRUE(a.requests().empty());
+}
+
+TEST(GatewayProxy, KeepAliveReusesUpstreamConnections) {
+  Backend backend(Echo("a"));
+  auto gateway = StartGateway(TestOptions());
+  gateway->SetRoutes({MakeRoute("echo", {backend.endpoint("r1")})});
+  for (int i = 0; i < 5; ++i) {
+    Client client(gateway->port());  // a new client connection each time
+    EXPECT_EQ(client.Send(http::verb::get, "/d/echo/" + std::to_string(i)).status, 200);
+  }
+  EXPECT_EQ(backend.requests().size(), 5u);
+  EXPECT_EQ(backend.accepted(), 1);
+}
+
+// Server-sent events, chunked: the backend holds the stream open until the client has seen the
+// first event, so the event cannot have been buffered until the end.
+TEST(GatewayProxy, SseChunksReachTheClientBeforeTheStreamEnds) {
+  std::promise<void> client_saw_first;
+  auto saw_first = client_saw_first.get_future().share();
+  Backend backend([saw_first](const BackendRequest&, BackendConnection& connection) {
+    connection.Write(
+        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n");
+    connection.Write("d\r\ndata: first\n\n\r\n");
+    if (saw_first.wait_for(kGuard) != std::future_status::ready) return false;
+    connection.Write("e\r\ndata: second\n\n\r\n0\r\n\r\n");
+    return true;
+  });
+  auto gateway = StartGateway(TestOptions());
+  gateway->SetRoutes({MakeRoute("llm", {backend.endpoint("r1")})});
+  Client client(gateway->port());
+  client.WriteRaw("GET /d/llm/v1/stream HTTP/1.1\r\nHost: x\r\n\r\n");
+  const std::string first = client.ReadUntil("data: first");
+  EXPECT_NE(first.find("text/event-stream"), std::string::npos);
+  EXPECT_EQ(first.find("data: second"), std::string::npos);
+  client_saw_first.set_value();
+  const std::string all = client.ReadUntil("\r\n0\r\n\r\n");
+  EXPECT_NE(all.find("data: second"), std::string::npos);
+  // A time to first byte was recorded for the stream.
+  EXPECT_NE(gateway->MetricsText().find(
+                "gpufleet_gateway_time_to_first_byte_seconds_count{deployment=\"llm\"} 1"),
+            std::string::npos);
+}
+
+TEST(GatewayProxy, ClientDisconnectClosesTheUpstreamConnection) {
+  std::promise<bool> upstream_closed;
+  Backend backend([&upstream_closed](const BackendRequest&, BackendConnection& connection) {
+    connection.Write(
+        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n");
+    connection.Write("d\r\ndata: first\n\n\r\n");
+    upstream_closed.set_value(connection.WaitForClose());
+    return false;
+  });
+  auto gateway = StartGateway(TestOptions());
+  gateway->SetRoutes({MakeRoute("llm", {backend.endpoint("r1")})});
+  Client client(gateway->port());
+  client.WriteRaw("GET /d/llm/v1/stream HTTP/1.1\r\nHost: x\r\n\r\n");
+  client.ReadUntil("data: first");
+  client.Close();
+  auto closed = upstream_closed.get_future();
+  ASSERT_EQ(closed.wait_for(kGuard), std::future_status::ready);
+  EXPECT_TRUE(closed.get());
+}
+
+TEST(GatewayProxy, ClientDisconnectBeforeTheResponseCancelsTheUpstreamRequest) {
+  std::promise<bool> upstream_closed;
+  Backend backend([&upstream_closed](const BackendRequest&, BackendConnection& connection) {
+    upstream_closed.set_value(connection.WaitForClose());  // never answers
+    return false;
+  });
+  auto gateway = StartGateway(TestOptions());
+  gateway->SetRoutes({MakeRoute("llm", {backend.endpoint("r1")})});
+  {
+    Client client(gateway->port());
+    client.WriteRaw("GET /d/llm/slow HTTP/1.1\r\nHost: x\r\n\r\n");
+    while (backend.requests().empty())
+      std::this_thread::yield();
+    client.Close();
+  }
+  auto closed = upstream_closed.get_future();
+  ASSERT_EQ(closed.wait_for(kGuard), std::future_status::ready);
+  EXPECT_TRUE(closed.get());
+}
+
+TEST(GatewayResilience, RetryOnADeadReplicaGoesToTheLiveOne) {
+  Backend live(Echo("live"));
+  auto gateway = StartGateway(TestOptions());
+  gateway->SetRoutes(
+      {MakeRoute("echo", {{"dead", "127.0.0.1", DeadPort(), false}, live.endpoint("live")})});
+  Client client(gateway->port());
+  // Round robin: one of every two picks lands on the dead replica first.
+  for (int i = 0; i < 4; ++i) {
+    Reply reply = client.Send(http::verb::post, "/d/echo/x", "{}");
+    EXPECT_EQ(reply.status, 200);
+    EXPECT_EQ(reply.body, "live POST /x");
+  }
+  const std::string metrics = gateway->MetricsText();
+  EXPECT_GE(Sample(metrics, "gpufleet_gateway_retries_total{deployment=\"echo\"}"), 1);
+  EXPECT_GE(Sample(metrics,
+                   "gpufleet_gateway_upstream_errors_total{deployment=\"echo\",kind=\"connect\"}"),
+            1);
+}
+
+TEST(GatewayResilience, GetIsRetriedOn503) {
+  Backend sick([](const BackendRequest&, BackendConnection& connection) {
+    connection.Respond(503, "busy");
+    return true;
+  });
+  Backend well(Echo("well"));
+  auto gateway = StartGateway(TestOptions());
+  gateway->SetRoutes({MakeRoute("echo", {sick.endpoint("sick"), well.endpoint("well")})});
+  Client client(gateway->port());
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(client.Send(http::verb::get, "/d/echo/x").body, "well GET /x");
+  EXPECT_GE(sick.requests().size(), 1u);
+}
+
+TEST(GatewayResilience, RepeatedFailuresEjectTheReplica) {
+  Backend live(Echo("live"));
+  GatewayOptions options = TestOptions();
+  options.eject_after_failures = 2;
+  options.ejection_time = std::chrono::hours(1);
+  auto gateway = StartGateway(options);
+  gateway->SetRoutes(
+      {MakeRoute("echo", {{"dead", "127.0.0.1", DeadPort(), false}, live.endpoint("live")})});
+  Client client(gateway->port());
+  for (int i = 0; i < 20; ++i)
+    EXPECT_EQ(client.Send(http::verb::get, "/d/echo/x").status, 200);
+  const std::string metrics = gateway->MetricsText();
+  EXPECT_EQ(Sample(metrics, "gpufleet_gateway_ejections_total{deployment=\"echo\"}"), 1);
+  // Two failures, then the dead replica was never tried again.
+  EXPECT_EQ(Sample(metrics,
+                   "gpufleet_gateway_upstream_errors_total{deployment=\"echo\",kind=\"connect\"}"),
+            2);
+  EXPECT_EQ(live.requests().size(), 20u);
+}
+
+TEST(GatewayBuffer, RequestWaitsForTheFirstEndpoint) {
+  Backend backend(Echo("a"));
+  auto gateway = StartGateway(TestOptions());
+  std::promise<std::string> demanded;
+  std::atomic<int> demands{0};
+  gateway->OnDemand([&](const std::string& deployment) {
+    if (demands++ == 0) demanded.set_value(deployment);
+  });
+  gateway->SetRoutes({MakeRoute("cold", {})});
+  auto reply = std::async(std::launch::async, [&] {
+    Client client(gateway->port());
+    return client.Send(http::verb::get, "/d/cold/x");
+  });
+  auto deployment = demanded.get_future();
+  ASSERT_EQ(deployment.wait_for(kGuard), std::future_status::ready);
+  EXPECT_EQ(deployment.get(), "cold");
+  EXPECT_EQ(Sample(gateway->MetricsText(), "gpufleet_gateway_buffered{deployment=\"cold\"}"), 1);
+  auto loads = gateway->TakeLoad();
+  ASSERT_EQ(loads.size(), 1u);
+  EXPECT_EQ(loads[0].buffered, 1);
+  EXPECT_EQ(loads[0].arrivals, 1u);
+  gateway->SetRoutes({MakeRoute("cold", {backend.endpoint("r1")})});
+  ASSERT_EQ(reply.wait_for(kGuard), std::future_status::ready);
+  Reply answered = reply.get();
+  EXPECT_EQ(answered.status, 200);
+  EXPECT_EQ(answered.body, "a GET /x");
+}
+
+TEST(GatewayBuffer, FullBufferAnswers503WithRetryAfter) {
+  GatewayOptions options = TestOptions();
+  options.max_buffered_per_deployment = 1;
+  options.retry_after_s = 7;
+  options.stop_timeout = std::chrono::milliseconds(100);
+  auto gateway = StartGateway(options);
+  std::promise<void> demanded;
+  std::atomic<int> demands{0};
+  gateway->OnDemand([&](const std::string&) {
+    if (demands++ == 0) demanded.set_value();
+  });
+  gateway->SetRoutes({MakeRoute("cold", {})});
+  auto first = std::async(std::launch::async, [&] {
+    Client client(gateway->port());
+    return client.Send(http::verb::get, "/d/cold/x");
+  });
+  ASSERT_EQ(demanded.get_future().wait_for(kGuard), std::future_status::ready);
+  Client client(gateway->port());
+  Reply second = client.Send(http::verb::get, "/d/cold/y");
+  EXPECT_EQ(second.status, 503);
+  EXPECT_EQ(second.headers["Retry-After"], "7");
+  gateway->Stop();  // answers the buffered one
+  ASSERT_EQ(first.wait_for(kGuard), std::future_status::ready);
+  EXPECT_EQ(first.get().status, 503);
+}
+
+TEST(GatewayBuffer, TimeoutAnswers503) {
+  GatewayOptions options = TestOptions();
+  options.buffer_timeout = std::chrono::milliseconds(20);
+  auto gateway = StartGateway(options);
+  gateway->SetRoutes({MakeRoute("cold", {})});
+  Client client(gateway->port());
+  Reply reply = client.Send(http::verb::get, "/d/cold/x");
+  EXPECT_EQ(reply.status, 503);
+  EXPECT_FALSE(reply.headers["Retry-After"].empty());
+  EXPECT_EQ(Sample(gateway->MetricsText(), "gpufleet_gateway_buffered{deployment=\"cold\"}"), 0);
+}
+
+TEST(GatewayDraining, DrainingEndpointFinishesItsRequestAndGetsNoNew) {
+  std::promise<void> release;
+  auto released = release.get_future().share();
+  std::atomic<bool> holding{false};
+  Backend a([&, released](const BackendRequest& request, BackendConnection& connection) {
+    if (request.target == "/hold") {
+      holding = true;
+      released.wait_for(kGuard);
+    }
+    connection.Respond(200, "a " + request.target);
+    return true;
+  });
+  Backend b(Echo("b"));
+  auto gateway = StartGateway(TestOptions());
+  gateway->SetRoutes({MakeRoute("echo", {a.endpoint("a")})});
+  auto held = std::async(std::launch::async, [&] {
+    Client client(gateway->port());
+    return client.Send(http::verb::get, "/d/echo/hold");
+  });
+  while (!holding)
+    std::this_thread::yield();
+  gateway->SetRoutes({MakeRoute("echo", {a.endpoint("a", true), b.endpoint("b")})});
+  Client client(gateway->port());
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(client.Send(http::verb::get, "/d/echo/new").body, "b GET /new");
+  EXPECT_EQ(a.requests().size(), 1u);
+  auto loads = gateway->TakeLoad();
+  ASSERT_EQ(loads.size(), 1u);
+  EXPECT_EQ(loads[0].in_flight_by_endpoint["a"], 1);
+  release.set_value();
+  ASSERT_EQ(held.wait_for(kGuard), std::future_status::ready);
+  Reply reply = held.get();
+  EXPECT_EQ(reply.status, 200);
+  EXPECT_EQ(reply.body, "a /hold");
+}
+
+GatewayOptions AuthOptions(std::atomic<int>* calls) {
+  GatewayOptions options = TestOptions();
+  options.auth_disabled = false;
+  options.verify_token = [calls](const std::string& token) -> std::optional<Caller> {
+    ++*calls;
+    if (token == "alice-token") return Caller{"alice", "ml", false};
+    if (token == "root-token") return Caller{"root", "ops", true};
+    return std::nullopt;
+  };
+  return options;
+}
+
+TEST(GatewayAuth, TokensTeamsAndModelList) {
+  Backend a(Echo("a"));
+  Backend b(Echo("b"));
+  std::atomic<int> calls{0};
+  auto gateway = StartGateway(AuthOptions(&calls));
+  Route mine = MakeRoute("llama", {a.endpoint("r1")}, "ml");
+  mine.model_names = {"llama-3"};
+  gateway->SetRoutes({mine, MakeRoute("secret", {b.endpoint("r2")}, "finance")});
+  Client client(gateway->port());
+  EXPECT_EQ(client.Send(http::verb::get, "/d/llama/x").status, 401);
+  // A refusal before the body was read closes the connection: a new one after it.
+  Reply bad = Client(gateway->port())
+                  .Send(http::verb::post, "/v1/completions", R"({"model":"llama"})",
+                        {{"Authorization", "Bearer wrong"}});
+  EXPECT_EQ(bad.status, 401);
+  EXPECT_EQ(nlohmann::json::parse(bad.body)["error"]["type"], "authentication_error");
+  EXPECT_EQ(client.Send(http::verb::get, "/d/llama/x", {}, kAlice).body, "a GET /x");
+  // Another team's deployment does not exist for alice, by any route.
+  EXPECT_EQ(client.Send(http::verb::get, "/d/secret/x", {}, kAlice).status, 404);
+  EXPECT_EQ(
+      client.Send(http::verb::post, "/v1/completions", R"({"model":"secret"})", kAlice).status,
+      404);
+  EXPECT_EQ(
+      client.Send(http::verb::get, "/d/secret/x", {}, {{"Authorization", "Bearer root-token"}})
+          .body,
+      "b GET /x");
+  Reply models = client.Send(http::verb::get, "/v1/models", {}, kAlice);
+  ASSERT_EQ(models.status, 200);
+  auto list = nlohmann::json::parse(models.body);
+  EXPECT_EQ(list["object"], "list");
+  std::set<std::string> ids;
+  for (const auto& model : list["data"])
+    ids.insert(model["id"].get<std::string>());
+  EXPECT_EQ(ids, (std::set<std::string>{"llama", "llama-3"}));
+  // The replica never sees the caller's gpufleet token.
+  EXPECT_EQ(a.requests().back().headers.count("authorization"), 0u);
+  // Cached: alice's token was verified once, "wrong" once, root's once.
+  EXPECT_EQ(calls.load(), 3);
+}
+
+TEST(GatewayStart, RefusesMissingVerifier) {
+  GatewayOptions options;
+  options.auth_disabled = false;
+  auto started = Gateway::Start(options);
+  EXPECT_FALSE(started.gateway);
+  EXPECT_NE(started.error.find("token verifier"), std::string::npos);
+}
+
+TEST(GatewayRoutesFile, ParsesAndRejects) {
+  std::string error;
+  auto routes = ParseRoutes(R"(
+routes:
+  - deployment: llama
+    team: ml
+    llm: true
+    models: [llama-3, sql-lora]
+    endpoints: ["127.0.0.1:8001", {id: j7, address: "127.0.0.1:8002", draining: true}]
+)",
+                            error);
+  ASSERT_TRUE(routes) << error;
+  ASSERT_EQ(routes->size(), 1u);
+  const Route& route = routes->front();
+  EXPECT_TRUE(route.llm);
+  EXPECT_EQ(route.model_names, (std::vector<std::string>{"llama-3", "sql-lora"}));
+  ASSERT_EQ(route.endpoints.size(), 2u);
+  EXPECT_EQ(route.endpoints[0].id, "127.0.0.1:8001");
+  EXPECT_EQ(route.endpoints[1].id, "j7");
+  EXPECT_EQ(route.endpoints[1].port, 8002);
+  EXPECT_TRUE(route.endpoints[1].draining);
+  // JSON works too.
+  EXPECT_TRUE(ParseRoutes(R"([{"deployment": "a", "endpoints": ["localhost:1"]}])", error));
+  EXPECT_FALSE(ParseRoutes(R"([{"deployment": "a", "endpoints": ["nohost"]}])", error));
+  EXPECT_NE(error.find("nohost"), std::string::npos);
+  EXPECT_FALSE(ParseRoutes("[{team: x}]", error));
+  EXPECT_FALSE(ParseRoutes("[{deployment: a}, {deployment: a}]", error));
+}
+
+}  // namespace
+}  // namespace gpufleet::gateway
