@@ -18,6 +18,8 @@
 #include "cli/server_command.h"
 #include "cli/stop_signals.h"
 #include "core/version.h"
+#include "gateway/control_plane.h"
+#include "gateway/gateway.h"
 #include "net/http_client.h"
 #include "net/http_server.h"
 #include "sched/policy.h"
@@ -87,6 +89,9 @@ CLI::App* AddDevCommand(CLI::App& app, DevArgs& args) {
       ->capture_default_str();
   dev->add_option("--agent-listen", args.agent_listen, "The node agent's API address")
       ->capture_default_str();
+  dev->add_option("--gateway-listen", args.gateway_listen,
+                  "The inference gateway's address (deployments' OpenAI API; port 0: any)")
+      ->capture_default_str();
   dev->add_option("--sim-gpus", args.sim_gpus,
                   "Simulate these GPUs (COUNTxMODEL, e.g. 4xA100-80GB) instead of using NVML");
   dev->add_flag(
@@ -103,7 +108,9 @@ int RunDev(const DevArgs& args) {
   std::string error;
   auto listen = agent::ParseListenAddress(args.listen, error);
   auto agent_listen = listen ? agent::ParseListenAddress(args.agent_listen, error) : std::nullopt;
-  if (!listen || !agent_listen) {
+  auto gateway_listen =
+      agent_listen ? agent::ParseListenAddress(args.gateway_listen, error) : std::nullopt;
+  if (!listen || !agent_listen || !gateway_listen) {
     fmt::print(stderr, "error: {}\n", error);
     return kExitUsage;
   }
@@ -176,13 +183,18 @@ int RunDev(const DevArgs& args) {
       admin_token ? EnsureToken(*server, ReadFirstLine(agent_token_file),
                                 "agent-" + core->hostname(), "system", api::Role::kAgent, error)
                   : std::nullopt;
-  if (!admin_token || !agent_token) {
+  const fs::path gateway_token_file = dir / "gateway-token";
+  auto gateway_token = agent_token ? EnsureToken(*server, ReadFirstLine(gateway_token_file),
+                                                 "gateway-dev", "", api::Role::kGateway, error)
+                                   : std::nullopt;
+  if (!admin_token || !agent_token || !gateway_token) {
     fmt::print(stderr, "error: creating the dev cluster's tokens: {}\n", error);
     return kExitFailure;
   }
   nlohmann::json client = {{"server", server->url()}, {"token", *admin_token}};
   for (auto [path, contents] : {std::pair{client_file, client.dump(2) + "\n"},
-                                std::pair{agent_token_file, *agent_token + "\n"}}) {
+                                std::pair{agent_token_file, *agent_token + "\n"},
+                                std::pair{gateway_token_file, *gateway_token + "\n"}}) {
     if (std::string write_error = server::WritePrivateFile(path.string(), contents);
         !write_error.empty()) {
       fmt::print(stderr, "error: {}\n", write_error);
@@ -217,6 +229,28 @@ int RunDev(const DevArgs& args) {
     return kExitFailure;
   }
 
+  // The inference front door, fed by the control plane like any gateway.
+  gateway::GatewayOptions gateway_options;
+  gateway_options.host = gateway_listen->host;
+  gateway_options.port = gateway_listen->port;
+  gateway_options.verify_token = gateway::ServerTokenVerifier(server->url(), "");
+  auto gateway_started = gateway::Gateway::Start(gateway_options);
+  if (!gateway_started.gateway) {
+    fmt::print(stderr, "error: the gateway: {}\n", gateway_started.error);
+    return kExitFailure;
+  }
+  std::unique_ptr<gateway::Gateway> inference = std::move(gateway_started.gateway);
+  gateway::ControlPlaneOptions link_options;
+  link_options.server_url = server->url();
+  link_options.token = *gateway_token;
+  link_options.gateway_id = "dev-" + core->hostname();
+  link_options.log = log_to("gateway");
+  auto link = std::make_unique<gateway::ControlPlaneLink>(*inference, link_options);
+  if (auto link_error = link->Start()) {
+    fmt::print(stderr, "error: {}\n", *link_error);
+    return kExitFailure;
+  }
+
   const std::string self = SelfCommand();
   std::string gpus = core->DescribeGpus();
   if (core->simulated())
@@ -227,6 +261,8 @@ int RunDev(const DevArgs& args) {
   fmt::print(
       "gpufleet dev {}: a one-machine cluster is up\n"
       "  API         {}/api/v1\n"
+      "  gateway     {} (deployments' OpenAI API: /v1/completions, /d/NAME/...; metrics on "
+      "/metrics)\n"
       "  metrics     {}/metrics (scheduler, API)  http://{}/metrics (GPUs, dcgm-exporter names)\n"
       "  GPUs        {}\n"
       "  scheduler   {}\n"
@@ -239,7 +275,7 @@ int RunDev(const DevArgs& args) {
       "  {} logs -f 1\n"
       "  {} top\n"
       "Ctrl-C stops the cluster; its jobs and nodes are kept in {} for the next start.\n",
-      kVersion, server->url(), server->url(), agent_server->address(), gpus,
+      kVersion, server->url(), inference->url(), server->url(), agent_server->address(), gpus,
       DescribeScheduler(server_options.scheduler), dir.string(), server->store_description(),
       (dir / "agent").string(), *admin_token, client_file.string(), self, self, self, self,
       dir.string());
@@ -266,6 +302,8 @@ int RunDev(const DevArgs& args) {
   fmt::print(stderr, "gpufleet dev: stopping\n");
   stopping = true;
   fatal_watch.join();
+  link->Stop();
+  inference->Stop();
   loop->Stop();
   agent_server->Stop();
   server->Stop();

@@ -1,7 +1,7 @@
 #pragma once
 
-// `gpufleet dev`: the control plane and one node agent in one process, on this machine. What a
-// new user runs first (`make run`).
+// `gpufleet dev`: the control plane, one node agent and the inference gateway in one process, on
+// this machine. What a new user runs first (`make run`).
 
 #include <string>
 
@@ -15,6 +15,7 @@ struct DevArgs {
   std::string dir = ".gpufleet";  // server/, agent/, client.json, agent-token
   std::string listen = "127.0.0.1:8080";
   std::string agent_listen = "127.0.0.1:0";
+  std::string gateway_listen = "127.0.0.1:8000";  // the inference gateway (docs/gateway.md)
   std::string sim_gpus;       // empty: NVML, else simulated 8xH100-80GB (said at start)
   bool require_nvml = false;  // fail instead of simulating when NVML finds no GPU
   SchedulerArgs scheduler;
