@@ -1030,6 +1030,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                                    f"({args.num_kv_blocks} of {args.block_size} tokens)",
                                    param="max_tokens")
         events = queue.Queue()
+        self.last_liveness_check = time.monotonic()
         sequences = [Sequence(index, tokens, params, adapter, events)
                      for index, tokens in enumerate(prompts)]
         request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
@@ -1043,13 +1044,18 @@ class Handler(http.server.BaseHTTPRequestHandler):
             engine.abort([s for s in sequences])  # no-op for the finished ones
 
     def next_event(self, events):
-        """The engine's next event; raises ClientGone when the client hangs up meanwhile."""
+        """The engine's next event; raises ClientGone when the client hangs up meanwhile
+        (looked at every 0.1 s: a whole response writes nothing until its end)."""
         while True:
+            now = time.monotonic()
+            if now - self.last_liveness_check >= 0.1:
+                self.last_liveness_check = now
+                if self.client_gone():
+                    raise ClientGone()
             try:
                 return events.get(timeout=0.1)
             except queue.Empty:
-                if self.client_gone():
-                    raise ClientGone() from None
+                pass
 
     def whole_response(self, request_id, model, chat, sequences, events):
         texts = [""] * len(sequences)
