@@ -10,7 +10,7 @@ packages=(
   libsqlite3-dev libssl-dev
   openssl  # the HTTPS tests make their certificates with the openssl tool
   clang-format python3
-  python3-torch  # the end-to-end DDP training job (gloo, CPU)
+  python3-torch  # the end-to-end DDP training job (gloo, CPU) and the reference model server
   prometheus  # the agent's integration test scrapes it with a real Prometheus server
 )
 
