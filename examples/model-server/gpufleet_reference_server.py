@@ -1174,7 +1174,9 @@ def parse_args(argv):
     env_port = os.environ.get("PORT", "8000")
     parser = argparse.ArgumentParser(
         description="gpufleet's reference model server (random weights; for tests and demos)")
-    parser.add_argument("--host", default="127.0.0.1")
+    # gpufleet gives a replica its node's address in HOST (where gateways reach it).
+    parser.add_argument("--host", default=os.environ.get("HOST") or "127.0.0.1",
+                        help="address to listen on (default: $HOST, else 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None,
                         help="port to listen on (default: $PORT, else 8000)")
     parser.add_argument("--model-name",
