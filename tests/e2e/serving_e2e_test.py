@@ -1,0 +1,346 @@
+"""Inference serving end to end through the real binary: `gpufleet dev` (server, agent and gateway
+in one process) runs deployments of the reference model server (examples/model-server, Debian's
+python3-torch); requests go through the gateway's OpenAI API with a platform token.
+
+- a deployment with min 0: the first request is buffered and answered after the cold start; bad
+  model names get 404, bad JSON 400, no token 401, another team's deployment 404;
+- load spreads over 3 replicas; a replica killed mid-stream fails only its own streams and the
+  next requests go elsewhere;
+- scale down drains and a rolling update replaces every replica under constant load, and not
+  one request fails.
+
+Usage: serving_e2e_test.py path/to/gpufleet [test-name ...]"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from http.client import HTTPConnection, HTTPException
+
+from e2e_testlib import (Process, api, check, http, kill_recorded_workloads, run_tests,
+                         wait_until)
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+SERVER_SCRIPT = os.path.join(REPO, "examples", "model-server", "gpufleet_reference_server.py")
+TORCH_PYTHON = "/usr/bin/python3"  # Debian's interpreter, where python3-torch is installed
+
+
+class Dev:
+    """`gpufleet dev` in a temporary directory, on free loopback ports."""
+
+    def __init__(self, gpufleet, name):
+        self.gpufleet = gpufleet
+        self.root = tempfile.mkdtemp(prefix=f"gpufleet-serving-{name}-")
+        self.dir = os.path.join(self.root, "cluster")
+        self.process = Process([gpufleet, "dev", "--dir", self.dir, "--listen", "127.0.0.1:0",
+                                "--gateway-listen", "127.0.0.1:0", "--sim-gpus", "4xH100-80GB"],
+                               os.path.join(self.root, "dev.log"), "gpufleet dev")
+        self.api = self.process.read_until(r"API\s+(http://[\d.:]+)/api/v1").group(1)
+        self.gateway = self.process.read_until(r"gateway\s+(http://[\d.:]+)").group(1)
+        with open(os.path.join(self.dir, "client.json")) as file:
+            self.admin = json.load(file)["token"]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.process.process.poll() is None:
+            self.process.process.kill()
+        kill_recorded_workloads(os.path.join(self.dir, "agent"))
+        if exc[0] is None:
+            shutil.rmtree(self.root, ignore_errors=True)
+        else:
+            print(f"kept {self.root} for inspection", file=sys.stderr)
+        return False
+
+    def token(self, user, team):
+        status, body = api(self.api, self.admin, "POST", "/api/v1/tokens",
+                           {"user": user, "team": team, "role": "user"})
+        check(status == 201, f"token: HTTP {status}: {body}")
+        return body["token"]
+
+    def deploy(self, spec, token):
+        path = os.path.join(self.root, f"{spec['name']}.json")
+        with open(path, "w") as file:
+            json.dump(spec, file)
+        result = subprocess.run([self.gpufleet, "deploy", "-f", path], capture_output=True,
+                                text=True, timeout=30,
+                                env=dict(os.environ, GPUFLEET_SERVER=self.api,
+                                         GPUFLEET_TOKEN=token))
+        check(result.returncode == 0, f"deploy: {result.stdout!r} {result.stderr!r}")
+        return result.stdout
+
+    def cli(self, *args, token=None):
+        result = subprocess.run([self.gpufleet, *args], capture_output=True, text=True,
+                                timeout=30, env=dict(os.environ, GPUFLEET_SERVER=self.api,
+                                                     GPUFLEET_TOKEN=token or self.admin))
+        check(result.returncode == 0, f"gpufleet {' '.join(args)}: {result.stderr!r}")
+        return result.stdout
+
+    def deployment(self, name, token=None):
+        status, body = api(self.api, token or self.admin, "GET", f"/api/v1/deployments/{name}")
+        check(status == 200, f"deployment {name}: HTTP {status}: {body}")
+        return body
+
+    def ready(self, name, count, timeout=60):
+        return wait_until(lambda: (lambda d: d if d["ready_replicas"] == count and len(
+            d["replicas"]) == count else None)(self.deployment(name)), timeout,
+            f"{count} ready replica(s) of {name}")
+
+
+def model(name, **fields):
+    spec = {"name": name, "command": [TORCH_PYTHON, SERVER_SCRIPT, "--max-num-seqs", "4"],
+            "gpus": 0.25, "readiness_path": "/health", "routing": "least_outstanding",
+            "models": [name]}
+    spec.update(fields)
+    return spec
+
+
+def complete(gateway, token, body, timeout=60):
+    """(status, parsed JSON or text) of POST /v1/completions through the gateway."""
+    status, text = http("POST", gateway + "/v1/completions", body, token, timeout)
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
+def stream(gateway, token, body, started=None, timeout=60):
+    """Streams a completion; returns (chunks received, ended with [DONE])."""
+    host, port = gateway.removeprefix("http://").split(":")
+    connection = HTTPConnection(host, int(port), timeout=timeout)
+    try:
+        connection.request("POST", "/v1/completions", json.dumps(dict(body, stream=True)),
+                           {"Authorization": "Bearer " + token,
+                            "Content-Type": "application/json"})
+        response = connection.getresponse()
+        if response.status != 200:
+            return 0, False
+        chunks, done = 0, False
+        while True:
+            line = response.readline()
+            if not line:
+                break
+            if line.startswith(b"data: "):
+                if line.strip() == b"data: [DONE]":
+                    done = True
+                    break
+                chunks += 1
+                if chunks == 1 and started:
+                    started.release()
+        return chunks, done
+    except (OSError, HTTPException):
+        return -1, False
+    finally:
+        connection.close()
+
+
+def replica_pids(deployment):
+    """Replica id ("j42") -> pid of its model server, found by the environment gpufleet set."""
+    pids = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as file:
+                env = dict(item.split(b"=", 1) for item in file.read().split(b"\0") if b"=" in item)
+            with open(f"/proc/{entry}/cmdline", "rb") as file:
+                cmdline = file.read()
+        except OSError:
+            continue
+        if env.get(b"GPUFLEET_DEPLOYMENT") == deployment.encode() and b"reference_server" in cmdline:
+            pids[env[b"GPUFLEET_REPLICA"].decode()] = int(entry)
+    return pids
+
+
+def replica_metric(host, port, name):
+    status, text = http("GET", f"http://{host}:{port}/metrics")
+    check(status == 200, f"replica metrics: HTTP {status}")
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))
+
+
+def test_scale_from_zero_and_refusals(gpufleet):
+    with Dev(gpufleet, "zero") as dev:
+        alice = dev.token("alice", "vision")
+        bob = dev.token("bob", "speech")
+        out = dev.deploy(model("tiny", command=[TORCH_PYTHON, SERVER_SCRIPT, "--load-delay", "2"],
+                               min_replicas=0, max_replicas=2,
+                               autoscaling={"scale_to_zero_grace": "10s"}), alice)
+        check("created" in out and "0 replica(s) wanted" in out, f"deploy said {out!r}")
+        check(dev.deployment("tiny")["replicas"] == [], "a replica before any request")
+
+        # The first request waits in the gateway's buffer through the cold start (>= the 2 s
+        # load delay) and is answered by the replica the autoscaler started for it.
+        started = time.monotonic()
+        status, body = complete(dev.gateway, alice, {"model": "tiny", "prompt": "hello",
+                                                     "max_tokens": 4})
+        elapsed = time.monotonic() - started
+        check(status == 200, f"first request: HTTP {status}: {body}")
+        check(body["choices"][0]["text"] is not None and body["usage"]["completion_tokens"] == 4,
+              f"completion: {body}")
+        check(elapsed >= 2, f"answered in {elapsed:.2f} s: not through a cold start")
+        deployment = dev.deployment("tiny")
+        check(deployment["ready_replicas"] == 1, f"after the first request: {deployment}")
+
+        # The OpenAI model list is the caller's team's; bad input is refused clearly.
+        status, text = http("GET", dev.gateway + "/v1/models", token=alice)
+        check(status == 200 and "tiny" in [m["id"] for m in json.loads(text)["data"]],
+              f"/v1/models: {status} {text}")
+        status, text = http("GET", dev.gateway + "/v1/models", token=bob)
+        check(status == 200 and json.loads(text)["data"] == [], f"bob's /v1/models: {text}")
+        status, _ = complete(dev.gateway, alice, {"model": "nope", "prompt": "x"})
+        check(status == 404, f"unknown model: HTTP {status}")
+        status, _ = complete(dev.gateway, bob, {"model": "tiny", "prompt": "x"})
+        check(status == 404, f"another team's deployment: HTTP {status}")
+        status, _ = complete(dev.gateway, alice, '{"model": "tiny", "prompt": ')
+        check(status == 400, f"bad JSON: HTTP {status}")
+        status, _ = complete(dev.gateway, None, {"model": "tiny", "prompt": "x"})
+        check(status == 401, f"no token: HTTP {status}")
+        status, _ = complete(dev.gateway, "gpf_" + "0" * 64, {"model": "tiny", "prompt": "x"})
+        check(status == 401, f"unknown token: HTTP {status}")
+        # Also by path prefix, to the replica's own routes.
+        status, text = http("GET", dev.gateway + "/d/tiny/v1/models", token=alice)
+        check(status == 200 and "tiny" in text, f"/d/tiny/v1/models: {status} {text}")
+
+        # No traffic: back to zero after the stable window and the grace period.
+        wait_until(lambda: dev.deployment("tiny")["replicas"] == [], 120, "scale to zero")
+
+
+def test_load_spreads_and_a_killed_replica_fails_only_its_own(gpufleet):
+    with Dev(gpufleet, "spread") as dev:
+        dev.deploy(model("tiny", min_replicas=3, max_replicas=3), dev.admin)
+        dev.ready("tiny", 3)
+        status, endpoints = api(dev.api, dev.admin, "GET", "/api/v1/endpoints")
+        check(status == 200, f"endpoints: {status}")
+        replicas = endpoints["deployments"][0]["endpoints"]
+        check(len(replicas) == 3, f"endpoints: {replicas}")
+        wait_until(lambda: len(replica_pids("tiny")) == 3, 10, "3 replica processes")
+
+        # Load from 6 clients at once: every replica gets a share.
+        errors = []
+
+        def client():
+            for _ in range(5):
+                status, body = complete(dev.gateway, dev.admin,
+                                        {"model": "tiny", "prompt": "spread", "max_tokens": 2})
+                if status != 200:
+                    errors.append((status, body))
+
+        threads = [threading.Thread(target=client) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        check(not errors, f"failed requests: {errors[:3]}")
+        served = {r["id"]: replica_metric(r["host"], r["port"], "vllm:request_success_total")
+                  for r in replicas}
+        check(sum(served.values()) == 30 and min(served.values()) >= 3,
+              f"requests per replica: {served}")
+
+        # Six long streams, two per replica (least outstanding); kill one replica mid-stream.
+        started = threading.Semaphore(0)
+        results = []
+        body = {"model": "tiny", "prompt": "stream", "max_tokens": 400, "temperature": 0}
+
+        def streamer():
+            results.append(stream(dev.gateway, dev.admin, body, started))
+
+        threads = [threading.Thread(target=streamer) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for _ in threads:
+            check(started.acquire(timeout=30), "a stream never started")
+        running = {r["id"]: replica_metric(r["host"], r["port"], "vllm:num_requests_running")
+                   for r in replicas}
+        victim = max(running, key=running.get)
+        in_flight = int(running[victim])
+        check(in_flight >= 1, f"running per replica: {running}")
+        os.kill(replica_pids("tiny")[victim], signal.SIGKILL)
+        for thread in threads:
+            thread.join()
+        failed = [result for result in results if not result[1]]
+        check(len(failed) == in_flight,
+              f"{len(failed)} stream(s) failed, {in_flight} were on the killed replica: {results}")
+
+        # The next requests go to the live replicas (and the dead one is replaced).
+        for _ in range(10):
+            status, body = complete(dev.gateway, dev.admin,
+                                    {"model": "tiny", "prompt": "after", "max_tokens": 2})
+            check(status == 200, f"after the kill: HTTP {status}: {body}")
+        dev.ready("tiny", 3)
+
+
+class SteadyLoad:
+    """Clients sending requests back to back until stopped; counts every failure."""
+
+    def __init__(self, gateway, token, clients=3):
+        self.gateway, self.token = gateway, token
+        self.stopping = threading.Event()
+        self.ok, self.failures = 0, []
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self.run) for _ in range(clients)]
+        for thread in self.threads:
+            thread.start()
+
+    def run(self):
+        while not self.stopping.is_set():
+            status, body = complete(self.gateway, self.token,
+                                    {"model": "tiny", "prompt": "steady", "max_tokens": 8})
+            with self.lock:
+                if status == 200:
+                    self.ok += 1
+                else:
+                    self.failures.append((status, body))
+
+    def stop(self):
+        self.stopping.set()
+        for thread in self.threads:
+            thread.join()
+
+
+def test_scale_down_and_rolling_update_lose_nothing(gpufleet):
+    with Dev(gpufleet, "roll") as dev:
+        spec = model("tiny", min_replicas=2, max_replicas=2)
+        dev.deploy(spec, dev.admin)
+        dev.ready("tiny", 2)
+        load = SteadyLoad(dev.gateway, dev.admin)
+        try:
+            time.sleep(2)
+            # Scale down: one replica leaves the endpoints, finishes what it serves, then stops.
+            dev.cli("scale", "tiny", "1")
+            dev.ready("tiny", 1)
+            dev.cli("scale", "tiny", "--auto")
+            dev.ready("tiny", 2)
+            before = {r["job_id"] for r in dev.deployment("tiny")["replicas"]}
+            # A rolling update: a new generation replaces each replica, one by one.
+            spec["env"] = {"VERSION": "2"}
+            out = dev.deploy(spec, dev.admin)
+            check("generation 2" in out, f"deploy said {out!r}")
+            wait_until(lambda: (lambda d: d if len(d["replicas"]) == 2 and all(
+                r["generation"] == 2 and r["state"] == "ready" for r in d["replicas"]) else None)(
+                dev.deployment("tiny")), 120, "the rollout")
+            after = {r["job_id"] for r in dev.deployment("tiny")["replicas"]}
+            check(not before & after, f"replicas before {before}, after {after}")
+            time.sleep(2)
+        finally:
+            load.stop()
+        check(load.ok > 20, f"only {load.ok} requests answered under load")
+        check(not load.failures,
+              f"{len(load.failures)} of {load.ok + len(load.failures)} requests failed: "
+              f"{load.failures[:3]}")
+
+
+TESTS = [test_scale_from_zero_and_refusals,
+         test_load_spreads_and_a_killed_replica_fails_only_its_own,
+         test_scale_down_and_rolling_update_lose_nothing]
+
+if __name__ == "__main__":
+    wanted = sys.argv[2:]
+    run_tests([test for test in TESTS if not wanted or test.__name__ in wanted])
