@@ -172,7 +172,8 @@ def test_scale_from_zero_and_refusals(gpufleet):
         bob = dev.token("bob", "speech")
         out = dev.deploy(model("tiny", command=[TORCH_PYTHON, SERVER_SCRIPT, "--load-delay", "2"],
                                min_replicas=0, max_replicas=2,
-                               autoscaling={"scale_to_zero_grace": "10s"}), alice)
+                               autoscaling={"scale_to_zero_grace": "5s",
+                                            "stable_window": "10s"}), alice)
         check("created" in out and "0 replica(s) wanted" in out, f"deploy said {out!r}")
         check(dev.deployment("tiny")["replicas"] == [], "a replica before any request")
 
