@@ -15,8 +15,11 @@
 #include "core/cluster.h"
 #include "core/quantity.h"
 #include "sched/policy.h"
+#include "serving/autoscaler.h"
 #include "sim/queues.h"
 #include "sim/report.h"
+#include "sim/request_traces.h"
+#include "sim/serving_sim.h"
 #include "sim/simulator.h"
 #include "sim/trace_readers.h"
 
@@ -203,7 +206,134 @@ void WriteFile(const std::string& path, const std::string& text) {
   if (!out) throw std::runtime_error(fmt::format("cannot write '{}'", path));
 }
 
+TimeMs DurationFlag(const char* flag, const std::string& text) {
+  const auto ms = ParseDurationMs(text);
+  if (!ms || *ms < 0)
+    throw UsageError(
+        fmt::format("{} '{}': expected a duration such as 30s, 500ms or 2m", flag, text));
+  return *ms;
+}
+
+// Flags that only mean something for one of the two replays.
+void CheckServingFlagsUnused(const CLI::App& command) {
+  for (const char* flag : {"--requests",
+                           "--request-format",
+                           "--target",
+                           "--metric",
+                           "--target-utilization",
+                           "--min-replicas",
+                           "--max-replicas",
+                           "--stable-window",
+                           "--panic-window",
+                           "--panic-threshold",
+                           "--max-scale-up-rate",
+                           "--max-scale-down-rate",
+                           "--scale-to-zero-grace",
+                           "--scale-down-delay",
+                           "--scale-in-cooldown",
+                           "--tick",
+                           "--cold-start",
+                           "--replica-concurrency",
+                           "--gpus-per-replica",
+                           "--slo",
+                           "--prefill-ms-per-1k-tokens",
+                           "--decode-ms-per-token"}) {
+    if (command.count(flag) > 0)
+      throw UsageError(fmt::format("{} applies to --serving only", flag));
+  }
+}
+
+sim::ServingOptions ServingOptionsFrom(const SimArgs& args) {
+  sim::ServingOptions options;
+  serving::AutoscalerConfig& a = options.autoscaler;
+  a.metric = ParseChoice<serving::ScaleMetric>("metric", args.metric, serving::ParseScaleMetric,
+                                               serving::ScaleMetricNames());
+  if (args.replica_concurrency < 1) throw UsageError("--replica-concurrency must be at least 1");
+  if (args.gpus_per_replica < 1) throw UsageError("--gpus-per-replica must be at least 1");
+  a.target = args.target ? *args.target : static_cast<double>(args.replica_concurrency);
+  a.target_utilization = args.target_utilization;
+  a.min_replicas = args.min_replicas;
+  a.max_replicas = args.max_replicas;
+  a.stable_window_ms = DurationFlag("--stable-window", args.stable_window);
+  a.panic_window_ms = DurationFlag("--panic-window", args.panic_window);
+  a.panic_threshold = args.panic_threshold;
+  a.max_scale_up_rate = args.max_scale_up_rate;
+  a.max_scale_down_rate = args.max_scale_down_rate;
+  a.scale_to_zero_grace_ms = DurationFlag("--scale-to-zero-grace", args.scale_to_zero_grace);
+  a.scale_down_delay_ms = DurationFlag("--scale-down-delay", args.scale_down_delay);
+  options.scale_in_cooldown_ms = DurationFlag("--scale-in-cooldown", args.scale_in_cooldown);
+  options.tick_ms = DurationFlag("--tick", args.tick);
+  options.cold_start_ms = DurationFlag("--cold-start", args.cold_start);
+  options.replica_concurrency = args.replica_concurrency;
+  options.gpus_per_replica = args.gpus_per_replica;
+  options.slo_ms = DurationFlag("--slo", args.slo);
+  if (auto why = sim::ValidateServingOptions(options)) throw UsageError(*why);
+  return options;
+}
+
+int RunServing(const SimArgs& args) {
+  const sim::ServingOptions options = ServingOptionsFrom(args);
+  const sim::RequestFormat format = ParseChoice<sim::RequestFormat>(
+      "request format", args.request_format, sim::ParseRequestFormat, sim::RequestFormatNames());
+  if (args.requests.empty()) throw UsageError("--serving needs --requests PATH");
+  if (!std::filesystem::is_regular_file(args.requests))
+    throw UsageError(fmt::format("cannot read request trace '{}': no such file", args.requests));
+  const sim::LlmServiceModel llm{.prefill_ms_per_1k_tokens = args.prefill_ms_per_1k_tokens,
+                                 .decode_ms_per_token = args.decode_ms_per_token};
+  if (!(llm.prefill_ms_per_1k_tokens >= 0) || !(llm.decode_ms_per_token >= 0) ||
+      !std::isfinite(llm.prefill_ms_per_1k_tokens) || !std::isfinite(llm.decode_ms_per_token))
+    throw UsageError("--prefill-ms-per-1k-tokens and --decode-ms-per-token must be non-negative");
+  if (!args.plot.empty()) {
+    std::ofstream probe(args.plot, std::ios::app);
+    if (!probe) throw UsageError(fmt::format("cannot write the plot to '{}'", args.plot));
+  }
+  const sim::RequestTrace trace =
+      sim::ReadRequestTrace(args.requests, format, llm, args.skip_invalid);
+  if (trace.requests.empty()) throw UsageError("the request trace has no requests to replay");
+  for (const std::string& example : trace.skip_examples)
+    fmt::print(stderr, "skipped: {}\n", example);
+
+  sim::ServingReport report;
+  report.trace = args.requests;
+  report.format = std::string(sim::RequestFormatName(format));
+  report.requests = static_cast<int64_t>(trace.requests.size());
+  report.deployments = static_cast<int64_t>(trace.deployments.size());
+  report.failed_replayed = trace.failed_replayed;
+  report.unfinished_skipped = trace.unfinished_skipped;
+  report.skipped_invalid = trace.skipped_invalid;
+  report.span_ms = trace.requests.back().arrival_ms;
+  report.llm = llm;
+  report.options = options;
+  for (sim::ServingPolicy policy : sim::AllServingPolicies()) {
+    const auto started = std::chrono::steady_clock::now();
+    sim::ServingPolicyResult result = sim::SimulateServing(trace, policy, options);
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - started;
+    result.wall_time_s = took.count();
+    report.policies.push_back(std::move(result));
+  }
+  if (args.json) {
+    fmt::print("{}\n", sim::ToJson(report).dump(2));
+  } else {
+    fmt::print("{}", sim::FormatServingReport(report));
+  }
+  if (!args.plot.empty()) {
+    const std::string name = std::filesystem::path(args.requests).filename().string();
+    WriteFile(args.plot,
+              sim::RenderServingSvg(report, fmt::format("{}: replicas, kpa vs target-tracking vs "
+                                                        "fixed-at-peak",
+                                                        name)));
+    if (!args.json) fmt::print("plot written to {}\n", args.plot);
+  }
+  return 0;
+}
+
 int Run(const SimArgs& args) {
+  if (args.serving) {
+    if (!args.trace.empty()) throw UsageError("--serving replays --requests, not --trace");
+    return RunServing(args);
+  }
+  if (args.command != nullptr) CheckServingFlagsUnused(*args.command);
+  if (args.trace.empty()) throw UsageError("--trace is required (or --serving --requests PATH)");
   CheckNumbers(args);
   // Parse every choice before the (slow) trace read so that typos fail fast.
   const sched::QueueOrder order = ParseChoice<sched::QueueOrder>(
@@ -338,7 +468,7 @@ int Run(const SimArgs& args) {
 CLI::App* AddSimCommand(CLI::App& app, SimArgs& args) {
   CLI::App* sim = app.add_subcommand(
       "sim", "Replay a job trace on a simulated cluster and report JCT, queueing and utilisation");
-  sim->add_option("--trace", args.trace, "Trace file (CSV)")->required();
+  sim->add_option("--trace", args.trace, "Trace file (CSV); required unless --serving");
   sim->add_option("--format", args.format,
                   fmt::format("Trace format: detect, {}", fmt::join(FormatChoices(), ", ")))
       ->capture_default_str();
@@ -428,6 +558,89 @@ CLI::App* AddSimCommand(CLI::App& app, SimArgs& args) {
   sim->add_flag("--compare", args.compare,
                 "Run every queue order (fill mode: every placement) on the same input and print "
                 "one row each");
+
+  const char* kServing = "Serving replay (--serving)";
+  sim->add_flag("--serving", args.serving,
+                "Replay an inference request trace (--requests) under kpa, target-tracking and "
+                "fixed-at-peak autoscaling (docs/autoscaling.md)")
+      ->group(kServing);
+  sim->add_option("--requests", args.requests, "Request trace file (CSV)")->group(kServing);
+  sim->add_option("--request-format", args.request_format,
+                  "genai (Alibaba GenAI lora_request_trace.csv), azure (Azure LLM 2023)")
+      ->capture_default_str()
+      ->group(kServing);
+  sim->add_option_function<double>(
+         "--target", [&args](double target) { args.target = target; },
+         "Autoscaling target per replica (in-flight requests, or requests/s); default: "
+         "--replica-concurrency")
+      ->group(kServing);
+  sim->add_option("--metric", args.metric, "Autoscaling metric: concurrency, rps")
+      ->capture_default_str()
+      ->group(kServing);
+  sim->add_option("--target-utilization", args.target_utilization,
+                  "Fraction of the target to aim for (Knative's target percentage)")
+      ->capture_default_str()
+      ->group(kServing);
+  sim->add_option("--min-replicas", args.min_replicas, "Per deployment")
+      ->capture_default_str()
+      ->group(kServing);
+  sim->add_option("--max-replicas", args.max_replicas, "Per deployment")
+      ->capture_default_str()
+      ->group(kServing);
+  sim->add_option("--stable-window", args.stable_window, "KPA stable window")
+      ->capture_default_str()
+      ->group(kServing);
+  sim->add_option("--panic-window", args.panic_window, "KPA panic window")
+      ->capture_default_str()
+      ->group(kServing);
+  sim->add_option("--panic-threshold", args.panic_threshold,
+                  "Panic when the panic window wants this many times the ready replicas")
+      ->capture_default_str()
+      ->group(kServing);
+  sim->add_option("--max-scale-up-rate", args.max_scale_up_rate, "At most this x ready per tick")
+      ->capture_default_str()
+      ->group(kServing);
+  sim->add_option("--max-scale-down-rate", args.max_scale_down_rate,
+                  "At least ready / this per tick")
+      ->capture_default_str()
+      ->group(kServing);
+  sim->add_option("--scale-to-zero-grace", args.scale_to_zero_grace,
+                  "KPA: the last replica stays this long once nothing is wanted")
+      ->capture_default_str()
+      ->group(kServing);
+  sim->add_option("--scale-down-delay", args.scale_down_delay,
+                  "KPA: scale down to the highest desire of this past window")
+      ->capture_default_str()
+      ->group(kServing);
+  sim->add_option("--scale-in-cooldown", args.scale_in_cooldown,
+                  "target-tracking: no scale-in sooner than this after a change")
+      ->capture_default_str()
+      ->group(kServing);
+  sim->add_option("--tick", args.tick, "Autoscaler tick")->capture_default_str()->group(kServing);
+  sim->add_option("--cold-start", args.cold_start,
+                  "Time from starting a replica to serving (image, server, model weights); GPUs "
+                  "are held from the start")
+      ->capture_default_str()
+      ->group(kServing);
+  sim->add_option("--replica-concurrency", args.replica_concurrency,
+                  "Requests a replica serves at once; more wait at the gateway")
+      ->capture_default_str()
+      ->group(kServing);
+  sim->add_option("--gpus-per-replica", args.gpus_per_replica, "GPUs each replica holds")
+      ->capture_default_str()
+      ->group(kServing);
+  sim->add_option("--slo", args.slo, "Latency objective: requests slower than this are counted")
+      ->capture_default_str()
+      ->group(kServing);
+  sim->add_option("--prefill-ms-per-1k-tokens", args.prefill_ms_per_1k_tokens,
+                  "azure: service time per 1,000 context tokens")
+      ->capture_default_str()
+      ->group(kServing);
+  sim->add_option("--decode-ms-per-token", args.decode_ms_per_token,
+                  "azure: service time per generated token")
+      ->capture_default_str()
+      ->group(kServing);
+  args.command = sim;
   return sim;
 }
 

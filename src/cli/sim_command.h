@@ -43,6 +43,34 @@ struct SimArgs {
   bool json = false;
   std::string plot;
   bool compare = false;
+
+  // --serving: replay an inference request trace under kpa, target-tracking and fixed-at-peak.
+  bool serving = false;
+  std::string requests;                  // request trace file
+  std::string request_format = "genai";  // genai | azure
+  std::optional<double> target;          // per replica; default: the replica concurrency
+  std::string metric = "concurrency";    // concurrency | rps
+  double target_utilization = 0.7;
+  int32_t min_replicas = 0;
+  int32_t max_replicas = 100;
+  std::string stable_window = "60s";
+  std::string panic_window = "6s";
+  double panic_threshold = 2.0;
+  double max_scale_up_rate = 1000;
+  double max_scale_down_rate = 2;
+  std::string scale_to_zero_grace = "30s";
+  std::string scale_down_delay = "0s";
+  std::string scale_in_cooldown = "300s";  // target-tracking
+  std::string tick = "2s";
+  std::string cold_start = "30s";
+  int32_t replica_concurrency = 1;
+  int32_t gpus_per_replica = 1;
+  std::string slo = "60s";
+  double prefill_ms_per_1k_tokens = 100;  // azure: service time model
+  double decode_ms_per_token = 15;
+
+  // The subcommand, set by AddSimCommand: which flags were given on the command line.
+  const CLI::App* command = nullptr;
 };
 
 CLI::App* AddSimCommand(CLI::App& app, SimArgs& args);

@@ -130,6 +130,8 @@ DurationUnit UnitFor(double max_seconds) {
   return {"h", kSecondsPerHour};
 }
 
+}  // namespace
+
 std::string XmlEscape(std::string_view text) {
   std::string out;
   for (char c : text) {
@@ -175,6 +177,8 @@ std::string TickLabel(double value) {
   return fmt::format("{:g}", value);
 }
 
+namespace {
+
 constexpr std::array<const char*, 6> kPalette = {"#1f77b4", "#d62728", "#2ca02c",
                                                  "#9467bd", "#ff7f0e", "#8c564b"};
 
@@ -186,6 +190,10 @@ struct Panel {
 };
 
 }  // namespace
+
+const char* SvgColor(size_t index) {
+  return kPalette[index % kPalette.size()];
+}
 
 double Percentile(const std::vector<double>& sorted, double p) {
   if (sorted.empty()) return 0;

@@ -4,6 +4,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -101,6 +102,13 @@ SimReport MakeReport(const SimResult& result, RunDescription run);
 std::string FormatDuration(double seconds);
 // 1234567 -> "1,234,567".
 std::string GroupThousands(int64_t value);
+
+// SVG helpers shared by the plots (this file's RenderSvg, serving_report.cpp).
+std::string XmlEscape(std::string_view text);
+// A round step (1, 2 or 5 times a power of ten) giving about `target` intervals over [0, max].
+double NiceStep(double max, int target);
+std::string TickLabel(double value);
+const char* SvgColor(size_t index);  // the plots' palette, cycling
 
 // The human table for one run.
 std::string FormatReport(const SimReport& report);
