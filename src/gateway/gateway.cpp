@@ -40,8 +40,10 @@ constexpr auto kLingerTime = std::chrono::seconds(1);
 constexpr size_t kUpstreamHeaderLimit = size_t{64} << 10;
 constexpr size_t kMetricsBodyLimit = size_t{8} << 20;
 constexpr size_t kRelayBufferBytes = 16 << 10;
-// Replies at most this long are logged as "client closed" (nginx's 499) when the client leaves.
+// The status counted for a request whose client left before its answer (nginx's 499).
 constexpr int kClientClosedStatus = 499;
+// A replica's /metrics that takes longer is skipped: its numbers then age into staleness.
+constexpr auto kScrapeTimeout = std::chrono::seconds(2);
 
 const std::vector<double> kDurationBuckets = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                                               1,     2.5,  5,     10,   30,  60,   120};
@@ -796,6 +798,8 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
       self->timed_out_ = true;
       beast::error_code ignored;
       if (self->upstream_) self->upstream_->close(ignored);
+      // A client that stopped reading the answer holds it no longer than the idle timeout.
+      if (self->response_started_) self->client_.socket().cancel(ignored);
     });
   }
 
@@ -935,6 +939,7 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   // (one chunk per piece when chunked), so a stream's events are not held back.
   void RelayRead() {
     if (upstream_parser_->is_done()) {
+      PoolUpstreamIfReusable();
       response_.body().data = nullptr;
       response_.body().size = 0;
       response_.body().more = false;
@@ -973,6 +978,7 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
     response_.body().data = got > 0 ? relay_buffer_ : nullptr;
     response_.body().size = got;
     response_.body().more = !upstream_parser_->is_done();
+    if (upstream_parser_->is_done()) PoolUpstreamIfReusable();
     RelayWrite();
   }
 
@@ -993,14 +999,18 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
     if (!serializer_->is_done()) return RelayRead();
     // The whole answer is out.
     timer_.cancel();
-    const bool reusable = upstream_parser_->is_done() && upstream_parser_->keep_alive() &&
-                          !upstream_parser_->need_eof() && upstream_buffer_.size() == 0;
-    if (reusable && upstream_) {
-      gateway_.GiveIdle(AddressKey(choice_.endpoint.host, choice_.endpoint.port),
-                        std::move(upstream_));
-    }
-    CloseUpstream();
     UpstreamDone(true);
+  }
+
+  // Once the replica's answer is read whole, its connection can serve another request: back to
+  // the pool before the client has the last bytes, so the client's next request finds it there.
+  void PoolUpstreamIfReusable() {
+    const bool reusable = upstream_parser_->keep_alive() && !upstream_parser_->need_eof() &&
+                          upstream_buffer_.size() == 0;
+    if (!reusable || !upstream_) return;
+    timer_.cancel();
+    gateway_.GiveIdle(AddressKey(choice_.endpoint.host, choice_.endpoint.port),
+                      std::move(upstream_));
   }
 
   void CloseUpstream() {
@@ -1322,7 +1332,7 @@ class Scraper : public std::enable_shared_from_this<Scraper> {
     request_ = {http::verb::get, "/metrics", 11};
     request_.set(http::field::host, AddressKey(endpoint_.host, endpoint_.port));
     request_.keep_alive(true);
-    timer_.expires_after(gateway_.options.request_timeout);
+    timer_.expires_after(kScrapeTimeout);
     timer_.async_wait([self = shared_from_this()](beast::error_code error) {
       beast::error_code ignored;
       if (!error && self->socket_) self->socket_->close(ignored);

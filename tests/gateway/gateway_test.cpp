@@ -571,6 +571,48 @@ TEST(GatewayDraining, DrainingEndpointFinishesItsRequestAndGetsNoNew) {
   EXPECT_EQ(reply.body, "a /hold");
 }
 
+// An llm route: the gateway reads each replica's vLLM metrics and the endpoint picker leaves out
+// the one whose KV cache is nearly full.
+TEST(GatewayPicker, ScrapedMetricsSteerLlmRequests) {
+  auto vllm = [](std::string name, int waiting, double kv) {
+    return [name, waiting, kv](const BackendRequest& request, BackendConnection& connection) {
+      if (request.target == "/metrics") {
+        connection.Respond(200, fmt::format("vllm:num_requests_waiting{{model_name=\"m\"}} {}\n"
+                                            "vllm:num_requests_running{{model_name=\"m\"}} 1\n"
+                                            "vllm:kv_cache_usage_perc{{model_name=\"m\"}} {}\n",
+                                            waiting, kv));
+      } else {
+        connection.Respond(200, name);
+      }
+      return true;
+    };
+  };
+  Backend full(vllm("full", 0, 0.95));
+  Backend roomy(vllm("roomy", 3, 0.2));
+  GatewayOptions options = TestOptions();
+  options.scrape_interval = std::chrono::milliseconds(1);
+  auto gateway = StartGateway(options);
+  Route route = MakeRoute("llama", {full.endpoint("full"), roomy.endpoint("roomy")});
+  route.llm = true;
+  gateway->SetRoutes({route});
+  // A second scrape starts only after the first was stored.
+  auto scrapes = [](Backend& backend) {
+    int count = 0;
+    for (const auto& request : backend.requests())
+      count += request.target == "/metrics";
+    return count;
+  };
+  while (scrapes(full) < 2 || scrapes(roomy) < 2)
+    std::this_thread::yield();
+  Client client(gateway->port());
+  for (int i = 0; i < 6; ++i)
+    EXPECT_EQ(client
+                  .Send(http::verb::post, "/v1/completions",
+                        fmt::format(R"({{"model":"llama","prompt":"question {}"}})", i))
+                  .body,
+              "roomy");
+}
+
 GatewayOptions AuthOptions(std::atomic<int>* calls) {
   GatewayOptions options = TestOptions();
   options.auth_disabled = false;
