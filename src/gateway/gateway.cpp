@@ -601,6 +601,7 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   }
 
   void BeginExchange() {
+    client_.expires_never();  // the exchange's own timers apply from here
     {
       std::lock_guard lock(gateway_.mutex);
       auto& state = gateway_.deployments[deployment_];
@@ -781,6 +782,7 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
 
   void OnConnected(beast::error_code error, std::unique_ptr<tcp::socket> socket, bool reused) {
     if (client_gone_) {
+      ReleaseInFlight();
       reply_status_ = kClientClosedStatus;
       return Finished(false);
     }
@@ -892,8 +894,11 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   void ArmTimer(std::chrono::milliseconds after) {
     timed_out_ = false;
     timer_.expires_after(after);
-    timer_.async_wait([self = shared_from_this()](beast::error_code error) {
-      if (error) return;
+    // A handler already queued when the timer was re-armed or cancelled must not fire for a
+    // later step: it checks the generation it was armed in.
+    const uint64_t generation = ++timer_generation_;
+    timer_.async_wait([self = shared_from_this(), generation](beast::error_code error) {
+      if (error || generation != self->timer_generation_) return;
       self->timed_out_ = true;
       beast::error_code ignored;
       if (self->upstream_) self->upstream_->close(ignored);
@@ -971,6 +976,8 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   void OnResponseHeader(beast::error_code error, size_t) {
     if (error) return BeforeResponseFailed(error);
     const unsigned status = upstream_parser_->get().result_int();
+    // An interim answer (100 Continue, 103 Early Hints) is not the answer: read on.
+    if (status / 100 == 1 && status != 101) return OnRequestSent({}, 0);
     const bool idempotent = method_ == http::verb::get || method_ == http::verb::head;
     if (status >= 502 && status <= 504) {
       CountUpstreamError(fmt::format("status_{}", status));
@@ -1113,6 +1120,7 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   }
 
   void CloseUpstream() {
+    ++timer_generation_;
     timer_.cancel();
     if (!upstream_) return;
     beast::error_code ignored;
@@ -1356,7 +1364,8 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   Strand strand_;
   Impl& gateway_;
   const uint64_t id_;
-  asio::steady_timer timer_;       // the upstream's deadlines
+  asio::steady_timer timer_;  // the upstream's deadlines
+  uint64_t timer_generation_ = 0;
   asio::steady_timer wait_timer_;  // the buffer timeout
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
