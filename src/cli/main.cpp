@@ -11,6 +11,7 @@
 #include "cli/cluster_commands.h"
 #include "cli/deployment_commands.h"
 #include "cli/dev_command.h"
+#include "cli/gateway_command.h"
 #include "cli/job_commands.h"
 #include "cli/server_command.h"
 #include "cli/sim_command.h"
@@ -67,6 +68,8 @@ int main(int argc, char** argv) {
   CLI::App* server = gpufleet::cli::AddServerCommand(app, server_args);
   gpufleet::cli::DevArgs dev_args;
   CLI::App* dev = gpufleet::cli::AddDevCommand(app, dev_args);
+  gpufleet::cli::GatewayArgs gateway_args;
+  CLI::App* gateway = gpufleet::cli::AddGatewayCommand(app, gateway_args);
   gpufleet::cli::JobArgs job_args;
   gpufleet::cli::AddJobCommands(app, job_args);
   gpufleet::cli::ClusterArgs cluster_args;
@@ -91,6 +94,7 @@ int main(int argc, char** argv) {
   if (*agent) return gpufleet::cli::RunAgent(agent_args);
   if (*server) return gpufleet::cli::RunServer(server_args);
   if (*dev) return gpufleet::cli::RunDev(dev_args);
+  if (*gateway) return gpufleet::cli::RunGateway(gateway_args);
   if (auto code = gpufleet::cli::RunJobCommands(job_args)) return *code;
   if (auto code = gpufleet::cli::RunClusterCommands(cluster_args)) return *code;
   if (auto code = gpufleet::cli::RunDeploymentCommands(deployment_args)) return *code;

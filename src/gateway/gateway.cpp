@@ -40,8 +40,13 @@ constexpr auto kLingerTime = std::chrono::seconds(1);
 constexpr size_t kUpstreamHeaderLimit = size_t{64} << 10;
 constexpr size_t kMetricsBodyLimit = size_t{8} << 20;
 constexpr size_t kRelayBufferBytes = 16 << 10;
-// Replies at most this long are logged as "client closed" (nginx's 499) when the client leaves.
+// Request bodies up to this size are read whole before forwarding (so they can be retried and
+// routed by `model`); larger or chunked ones are streamed through.
+constexpr uint64_t kHeldBodyBytes = uint64_t{1} << 20;
+// The status counted for a request whose client left before its answer (nginx's 499).
 constexpr int kClientClosedStatus = 499;
+// A replica's /metrics that takes longer is skipped: its numbers then age into staleness.
+constexpr auto kScrapeTimeout = std::chrono::seconds(2);
 
 const std::vector<double> kDurationBuckets = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                                               1,     2.5,  5,     10,   30,  60,   120};
@@ -410,6 +415,8 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
       return SendError(400, "malformed percent-encoding in the request target");
     openai_ = path_.rfind("/v1/", 0) == 0 || path_ == "/v1";
     deployment_.clear();
+    streaming_ = false;
+    stream_parser_.reset();
     forward_target_ = target_;
     model_.clear();
     prompt_.clear();
@@ -536,6 +543,11 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   }
 
   void ReadBody() {
+    // A large or chunked body for a deployment routed without it is streamed through instead of
+    // held: llm routes need the prompt for the picker, so theirs is always read first.
+    const auto& header = parser_->get();
+    streaming_ = !deployment_.empty() && !IsLlm(deployment_) &&
+                 (header.chunked() || parser_->content_length().value_or(0) > kHeldBodyBytes);
     if (beast::iequals(parser_->get()[http::field::expect], "100-continue")) {
       continue_.emplace(http::status::continue_, version_);
       http::async_write(client_, *continue_,
@@ -549,6 +561,14 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   }
 
   void ReadBodyNow() {
+    if (streaming_) {
+      request_ = {};
+      request_.base() = parser_->get().base();
+      stream_parser_.emplace(std::move(*parser_));
+      parser_.reset();
+      stream_parser_->body_limit(gateway_.options.max_body_bytes);
+      return BeginExchange();
+    }
     if (parser_->is_done()) return OnBody({}, 0);
     client_.expires_after(gateway_.options.idle_timeout);
     http::async_read(client_, buffer_, *parser_,
@@ -577,6 +597,11 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
       }
       if (body.is_object()) prompt_ = PromptOf(body);
     }
+    BeginExchange();
+  }
+
+  void BeginExchange() {
+    client_.expires_never();  // the exchange's own timers apply from here
     {
       std::lock_guard lock(gateway_.mutex);
       auto& state = gateway_.deployments[deployment_];
@@ -590,7 +615,9 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
     reply_status_ = 0;
     response_started_ = false;
     force_new_connection_ = false;
-    WatchClient();
+    stream_started_ = false;
+    // While a body is still to be read from the client, reading it is the watch.
+    if (!streaming_) WatchClient();
     Forward();
   }
 
@@ -744,7 +771,8 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   void Connect() {
     auto self = shared_from_this();
     connector_ = std::make_shared<Connector>(
-        gateway_, Exec(), choice_.endpoint.host, choice_.endpoint.port, !force_new_connection_,
+        gateway_, Exec(), choice_.endpoint.host, choice_.endpoint.port,
+        !force_new_connection_ && !streaming_,
         [self](beast::error_code error, std::unique_ptr<tcp::socket> socket, bool reused) {
           self->connector_.reset();
           self->OnConnected(error, std::move(socket), reused);
@@ -754,6 +782,7 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
 
   void OnConnected(beast::error_code error, std::unique_ptr<tcp::socket> socket, bool reused) {
     if (client_gone_) {
+      ReleaseInFlight();
       reply_status_ = kClientClosedStatus;
       return Finished(false);
     }
@@ -778,6 +807,7 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
     upstream_request_.set("X-Gpufleet-Deployment", deployment_);
     upstream_request_.body() = request_.body();
     upstream_request_.keep_alive(true);
+    if (streaming_) return SendStreamedRequest();
     if (!request_.body().empty() || method_ == http::verb::post || method_ == http::verb::put ||
         method_ == http::verb::patch)
       upstream_request_.prepare_payload();
@@ -788,14 +818,92 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
             Exec(), beast::bind_front_handler(&ClientSession::OnRequestSent, shared_from_this())));
   }
 
+  // The request's header, then its body as it comes from the client, piece by piece. Past the
+  // header nothing can be retried: the body is not kept.
+  void SendStreamedRequest() {
+    streamed_request_ = {};
+    streamed_request_.base() = upstream_request_.base();
+    const auto& client_header = stream_parser_->get();
+    if (client_header.chunked())
+      streamed_request_.chunked(true);
+    else if (auto length = stream_parser_->content_length())
+      streamed_request_.content_length(*length);
+    streamed_request_.body().data = nullptr;
+    streamed_request_.body().size = 0;
+    streamed_request_.body().more = !stream_parser_->is_done();
+    request_serializer_.emplace(streamed_request_);
+    StreamWrite();
+  }
+
+  void StreamWrite() {
+    ArmTimer(gateway_.options.idle_timeout);
+    http::async_write(
+        *upstream_, *request_serializer_,
+        asio::bind_executor(Exec(), [self = shared_from_this()](beast::error_code error, size_t) {
+          if (error == http::error::need_buffer) error = {};
+          self->OnStreamWritten(error);
+        }));
+  }
+
+  void OnStreamWritten(beast::error_code error) {
+    if (client_gone_) return UpstreamDone(false);
+    if (error) {
+      keep_alive_ = false;  // the rest of the body is unread
+      if (!stream_started_) return BeforeResponseFailed(error);
+      CountUpstreamError("reset");
+      RecordFailure();
+      CloseUpstream();
+      ReleaseInFlight();
+      return Fail(502, fmt::format("replica {} of deployment '{}' failed while receiving the "
+                                   "request body: {}",
+                                   choice_.endpoint.id, deployment_, error.message()));
+    }
+    if (request_serializer_->is_done()) {
+      WatchClient();
+      return OnRequestSent({}, 0);
+    }
+    stream_started_ = true;
+    stream_parser_->get().body().data = relay_buffer_;
+    stream_parser_->get().body().size = sizeof relay_buffer_;
+    ArmTimer(gateway_.options.idle_timeout);
+    http::async_read_some(client_, buffer_, *stream_parser_,
+                          [self = shared_from_this()](beast::error_code read_error, size_t) {
+                            if (read_error == http::error::need_buffer) read_error = {};
+                            self->OnStreamRead(read_error);
+                          });
+  }
+
+  void OnStreamRead(beast::error_code error) {
+    if (error) {
+      keep_alive_ = false;
+      CloseUpstream();
+      ReleaseInFlight();
+      if (error == http::error::body_limit)
+        return Fail(
+            413, fmt::format("request body larger than {} bytes", gateway_.options.max_body_bytes));
+      client_gone_ = true;
+      return UpstreamDone(false);
+    }
+    const size_t got = sizeof relay_buffer_ - stream_parser_->get().body().size;
+    streamed_request_.body().data = got > 0 ? relay_buffer_ : nullptr;
+    streamed_request_.body().size = got;
+    streamed_request_.body().more = !stream_parser_->is_done();
+    StreamWrite();
+  }
+
   void ArmTimer(std::chrono::milliseconds after) {
     timed_out_ = false;
     timer_.expires_after(after);
-    timer_.async_wait([self = shared_from_this()](beast::error_code error) {
-      if (error) return;
+    // A handler already queued when the timer was re-armed or cancelled must not fire for a
+    // later step: it checks the generation it was armed in.
+    const uint64_t generation = ++timer_generation_;
+    timer_.async_wait([self = shared_from_this(), generation](beast::error_code error) {
+      if (error || generation != self->timer_generation_) return;
       self->timed_out_ = true;
       beast::error_code ignored;
       if (self->upstream_) self->upstream_->close(ignored);
+      // A client that stopped reading the answer holds it no longer than the idle timeout.
+      if (self->response_started_) self->client_.socket().cancel(ignored);
     });
   }
 
@@ -855,7 +963,7 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
     last_error_ = fmt::format("{}: {}", choice_.endpoint.id, message);
     tried_.insert(choice_.key);
     force_new_connection_ = false;
-    if (retryable && attempts_ <= gateway_.options.retries) {
+    if (retryable && !stream_started_ && attempts_ <= gateway_.options.retries) {
       {
         std::lock_guard lock(gateway_.mutex);
         ++gateway_.deployments[deployment_].retries;
@@ -868,11 +976,13 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   void OnResponseHeader(beast::error_code error, size_t) {
     if (error) return BeforeResponseFailed(error);
     const unsigned status = upstream_parser_->get().result_int();
+    // An interim answer (100 Continue, 103 Early Hints) is not the answer: read on.
+    if (status / 100 == 1 && status != 101) return OnRequestSent({}, 0);
     const bool idempotent = method_ == http::verb::get || method_ == http::verb::head;
     if (status >= 502 && status <= 504) {
       CountUpstreamError(fmt::format("status_{}", status));
       RecordFailure();
-      if (idempotent && status != 504 && attempts_ <= gateway_.options.retries &&
+      if (idempotent && !streaming_ && status != 504 && attempts_ <= gateway_.options.retries &&
           HasAnotherCandidate()) {
         // The rest of this answer is not wanted: the connection goes with it.
         CloseUpstream();
@@ -935,6 +1045,7 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   // (one chunk per piece when chunked), so a stream's events are not held back.
   void RelayRead() {
     if (upstream_parser_->is_done()) {
+      PoolUpstreamIfReusable();
       response_.body().data = nullptr;
       response_.body().size = 0;
       response_.body().more = false;
@@ -973,6 +1084,7 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
     response_.body().data = got > 0 ? relay_buffer_ : nullptr;
     response_.body().size = got;
     response_.body().more = !upstream_parser_->is_done();
+    if (upstream_parser_->is_done()) PoolUpstreamIfReusable();
     RelayWrite();
   }
 
@@ -993,17 +1105,22 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
     if (!serializer_->is_done()) return RelayRead();
     // The whole answer is out.
     timer_.cancel();
-    const bool reusable = upstream_parser_->is_done() && upstream_parser_->keep_alive() &&
-                          !upstream_parser_->need_eof() && upstream_buffer_.size() == 0;
-    if (reusable && upstream_) {
-      gateway_.GiveIdle(AddressKey(choice_.endpoint.host, choice_.endpoint.port),
-                        std::move(upstream_));
-    }
-    CloseUpstream();
     UpstreamDone(true);
   }
 
+  // Once the replica's answer is read whole, its connection can serve another request: back to
+  // the pool before the client has the last bytes, so the client's next request finds it there.
+  void PoolUpstreamIfReusable() {
+    const bool reusable = upstream_parser_->keep_alive() && !upstream_parser_->need_eof() &&
+                          upstream_buffer_.size() == 0;
+    if (!reusable || !upstream_) return;
+    timer_.cancel();
+    gateway_.GiveIdle(AddressKey(choice_.endpoint.host, choice_.endpoint.port),
+                      std::move(upstream_));
+  }
+
   void CloseUpstream() {
+    ++timer_generation_;
     timer_.cancel();
     if (!upstream_) return;
     beast::error_code ignored;
@@ -1247,13 +1364,20 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   Strand strand_;
   Impl& gateway_;
   const uint64_t id_;
-  asio::steady_timer timer_;       // the upstream's deadlines
+  asio::steady_timer timer_;  // the upstream's deadlines
+  uint64_t timer_generation_ = 0;
   asio::steady_timer wait_timer_;  // the buffer timeout
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   std::optional<http::response<http::empty_body>> continue_;
   http::request<http::string_body> request_;
   http::request<http::string_body> upstream_request_;
+  // A streamed request body: the client's parser and what goes to the replica.
+  bool streaming_ = false;
+  bool stream_started_ = false;
+  std::optional<http::request_parser<http::buffer_body>> stream_parser_;
+  http::request<http::buffer_body> streamed_request_;
+  std::optional<http::request_serializer<http::buffer_body>> request_serializer_;
   http::response<http::string_body> local_;
   bool idle_ = false;
 
@@ -1322,7 +1446,7 @@ class Scraper : public std::enable_shared_from_this<Scraper> {
     request_ = {http::verb::get, "/metrics", 11};
     request_.set(http::field::host, AddressKey(endpoint_.host, endpoint_.port));
     request_.keep_alive(true);
-    timer_.expires_after(gateway_.options.request_timeout);
+    timer_.expires_after(kScrapeTimeout);
     timer_.async_wait([self = shared_from_this()](beast::error_code error) {
       beast::error_code ignored;
       if (!error && self->socket_) self->socket_->close(ignored);

@@ -45,9 +45,11 @@ class BackendConnection {
   explicit BackendConnection(tcp::socket socket) : socket_(std::move(socket)) {}
   std::optional<BackendRequest> ReadRequest() {
     beast::error_code error;
-    http::request<http::string_body> request;
-    http::read(socket_, buffer_, request, error);
+    http::request_parser<http::string_body> parser;
+    parser.body_limit(std::numeric_limits<uint64_t>::max());
+    http::read(socket_, buffer_, parser, error);
     if (error) return std::nullopt;
+    const auto& request = parser.get();
     BackendRequest out{
         std::string(request.method_string()), std::string(request.target()), request.body(), {}};
     for (const auto& field : request) {
@@ -416,6 +418,68 @@ TEST(GatewayProxy, ClientDisconnectBeforeTheResponseCancelsTheUpstreamRequest) {
   EXPECT_TRUE(closed.get());
 }
 
+// A chunked upload is streamed: the replica has the first chunk before the client sends the
+// rest.
+TEST(GatewayProxy, ChunkedRequestBodyIsStreamedThrough) {
+  asio::io_context ioc;
+  tcp::acceptor acceptor(ioc, {asio::ip::make_address("127.0.0.1"), 0});
+  std::promise<void> saw_first_part;
+  std::promise<std::string> whole;
+  std::thread replica([&] {
+    tcp::socket socket(ioc);
+    acceptor.accept(socket);
+    std::string seen;
+    auto read_until = [&](std::string_view needle) {
+      while (seen.find(needle) == std::string::npos) {
+        char data[4096];
+        beast::error_code error;
+        const size_t got = socket.read_some(asio::buffer(data), error);
+        if (error) return false;
+        seen.append(data, got);
+      }
+      return true;
+    };
+    if (!read_until("first-part")) return;
+    saw_first_part.set_value();
+    if (!read_until("\r\n0\r\n\r\n")) return;
+    whole.set_value(seen);
+    const std::string answer = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+    asio::write(socket, asio::buffer(answer));
+  });
+  auto gateway = StartGateway(TestOptions());
+  gateway->SetRoutes(
+      {MakeRoute("up", {{"r1", "127.0.0.1", acceptor.local_endpoint().port(), false}})});
+  Client client(gateway->port());
+  client.WriteRaw(
+      "POST /d/up/upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+      "a\r\nfirst-part\r\n");
+  auto first = saw_first_part.get_future();
+  ASSERT_EQ(first.wait_for(kGuard), std::future_status::ready);
+  client.WriteRaw("b\r\nsecond-part\r\n0\r\n\r\n");
+  EXPECT_NE(client.ReadUntil("ok").find("200 OK"), std::string::npos);
+  replica.join();
+  const std::string request = whole.get_future().get();
+  EXPECT_NE(request.find("POST /upload HTTP/1.1"), std::string::npos);
+  EXPECT_NE(request.find("second-part"), std::string::npos);
+}
+
+TEST(GatewayProxy, LargeBodyArrivesWhole) {
+  Backend backend([](const BackendRequest& request, BackendConnection& connection) {
+    connection.Respond(
+        200, std::to_string(request.body.size()) + " " +
+                 std::to_string(std::count(request.body.begin(), request.body.end(), 'y')));
+    return true;
+  });
+  auto gateway = StartGateway(TestOptions());
+  gateway->SetRoutes({MakeRoute("up", {backend.endpoint("r1")})});
+  Client client(gateway->port());
+  const std::string body = std::string(3 << 20, 'x') + "yy";
+  EXPECT_EQ(client.Send(http::verb::put, "/d/up/blob", body).body,
+            std::to_string(body.size()) + " 2");
+  // The connection goes on serving.
+  EXPECT_EQ(client.Send(http::verb::put, "/d/up/blob", "yyy").body, "3 3");
+}
+
 TEST(GatewayResilience, RetryOnADeadReplicaGoesToTheLiveOne) {
   Backend live(Echo("live"));
   auto gateway = StartGateway(TestOptions());
@@ -569,6 +633,48 @@ TEST(GatewayDraining, DrainingEndpointFinishesItsRequestAndGetsNoNew) {
   Reply reply = held.get();
   EXPECT_EQ(reply.status, 200);
   EXPECT_EQ(reply.body, "a /hold");
+}
+
+// An llm route: the gateway reads each replica's vLLM metrics and the endpoint picker leaves out
+// the one whose KV cache is nearly full.
+TEST(GatewayPicker, ScrapedMetricsSteerLlmRequests) {
+  auto vllm = [](std::string name, int waiting, double kv) {
+    return [name, waiting, kv](const BackendRequest& request, BackendConnection& connection) {
+      if (request.target == "/metrics") {
+        connection.Respond(200, fmt::format("vllm:num_requests_waiting{{model_name=\"m\"}} {}\n"
+                                            "vllm:num_requests_running{{model_name=\"m\"}} 1\n"
+                                            "vllm:kv_cache_usage_perc{{model_name=\"m\"}} {}\n",
+                                            waiting, kv));
+      } else {
+        connection.Respond(200, name);
+      }
+      return true;
+    };
+  };
+  Backend full(vllm("full", 0, 0.95));
+  Backend roomy(vllm("roomy", 3, 0.2));
+  GatewayOptions options = TestOptions();
+  options.scrape_interval = std::chrono::milliseconds(1);
+  auto gateway = StartGateway(options);
+  Route route = MakeRoute("llama", {full.endpoint("full"), roomy.endpoint("roomy")});
+  route.llm = true;
+  gateway->SetRoutes({route});
+  // A second scrape starts only after the first was stored.
+  auto scrapes = [](Backend& backend) {
+    int count = 0;
+    for (const auto& request : backend.requests())
+      count += request.target == "/metrics";
+    return count;
+  };
+  while (scrapes(full) < 2 || scrapes(roomy) < 2)
+    std::this_thread::yield();
+  Client client(gateway->port());
+  for (int i = 0; i < 6; ++i)
+    EXPECT_EQ(client
+                  .Send(http::verb::post, "/v1/completions",
+                        fmt::format(R"({{"model":"llama","prompt":"question {}"}})", i))
+                  .body,
+              "roomy");
 }
 
 GatewayOptions AuthOptions(std::atomic<int>* calls) {
