@@ -1,14 +1,20 @@
 #include "cli/gateway_command.h"
 
+#include <cctype>
 #include <csignal>
+#include <fstream>
+#include <optional>
+#include <vector>
 
 #include <fmt/format.h>
 #include <pthread.h>
+#include <unistd.h>
 
 #include "agent/agent_api.h"
 #include "cli/server_command.h"
 #include "cli/stop_signals.h"
 #include "core/version.h"
+#include "gateway/control_plane.h"
 #include "gateway/gateway.h"
 #include "gateway/routes_file.h"
 
@@ -20,6 +26,12 @@ constexpr int kExitUsage = 2;
 
 bool IsLoopback(const std::string& host) {
   return host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+std::string Hostname() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0 || name[0] == 0) return "unknown";
+  return name;
 }
 
 size_t EndpointCount(const std::vector<gateway::Route>& routes) {
@@ -34,12 +46,20 @@ size_t EndpointCount(const std::vector<gateway::Route>& routes) {
 CLI::App* AddGatewayCommand(CLI::App& app, GatewayArgs& args) {
   CLI::App* command = app.add_subcommand(
       "gateway", "Run the inference gateway: a reverse proxy to deployments' replicas");
+  command->add_option("--server", args.server,
+                      "The control plane's URL: routes, token checks and autoscaling from it");
+  command->add_option("--token-file", args.token_file,
+                      "With --server: a file holding a token of role gateway "
+                      "(gpufleet token create --user gw-1 --role gateway)");
+  command->add_option("--ca-file", args.ca_file, "With an https:// --server: the CA to trust");
+  command->add_option("--id", args.id,
+                      "This gateway's id in its load reports [gateway-HOSTNAME-PORT]");
   command->add_option("--listen", args.listen, "Address to serve on (port 0: any free port)")
       ->capture_default_str();
   command
       ->add_option("--routes", args.routes_file,
-                   "YAML or JSON list of deployments and their endpoints (reloaded on SIGHUP)")
-      ->required();
+                   "Standalone: a YAML or JSON list of deployments and their endpoints (reloaded "
+                   "on SIGHUP)");
   command->add_flag("--no-auth", args.no_auth,
                     "Accept requests without a token (only on a loopback --listen address)");
   command
@@ -93,13 +113,37 @@ int RunGateway(const GatewayArgs& args) {
     fmt::print(stderr, "error: --listen: {}\n", error);
     return kExitUsage;
   }
-  if (!args.no_auth) {
+  const bool controlled = !args.server.empty();
+  if (controlled == !args.routes_file.empty()) {
+    fmt::print(stderr,
+               "error: give --server URL (routes from the control plane) or --routes FILE "
+               "(standalone), one of the two\n");
+    return kExitUsage;
+  }
+  std::string token;
+  if (controlled) {
+    if (args.no_auth) {
+      fmt::print(stderr, "error: --no-auth is for the standalone gateway (--routes) only\n");
+      return kExitUsage;
+    }
+    std::ifstream file(args.token_file);
+    std::getline(file, token);
+    while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back())))
+      token.pop_back();
+    if (args.token_file.empty() || token.empty()) {
+      fmt::print(stderr, "error: --server needs --token-file with a gateway token{}\n",
+                 args.token_file.empty()
+                     ? ""
+                     : fmt::format(" ('{}' is unreadable or empty)", args.token_file));
+      return kExitUsage;
+    }
+  } else if (!args.no_auth) {
     fmt::print(stderr,
                "error: the standalone gateway (--routes) checks no tokens: pass --no-auth, on a "
                "loopback --listen address\n");
     return kExitUsage;
   }
-  if (!IsLoopback(listen->host)) {
+  if (!controlled && !IsLoopback(listen->host)) {
     fmt::print(stderr,
                "error: --no-auth is refused on {}: anyone who can reach it could use every "
                "deployment; listen on 127.0.0.1 (or ::1)\n",
@@ -109,7 +153,8 @@ int RunGateway(const GatewayArgs& args) {
   gateway::GatewayOptions options;
   options.host = listen->host;
   options.port = listen->port;
-  options.auth_disabled = true;
+  options.auth_disabled = !controlled;
+  if (controlled) options.verify_token = gateway::ServerTokenVerifier(args.server, args.ca_file);
   const auto policy = serving::ParseRoutingPolicy(args.policy);
   if (!policy) {
     fmt::print(stderr,
@@ -147,10 +192,13 @@ int RunGateway(const GatewayArgs& args) {
     if (!ms) return kExitUsage;
     duration.into = std::chrono::milliseconds(*ms);
   }
-  auto routes = gateway::LoadRoutesFile(args.routes_file, error);
-  if (!routes) {
-    fmt::print(stderr, "error: {}\n", error);
-    return kExitUsage;
+  std::optional<std::vector<gateway::Route>> routes;
+  if (!controlled) {
+    routes = gateway::LoadRoutesFile(args.routes_file, error);
+    if (!routes) {
+      fmt::print(stderr, "error: {}\n", error);
+      return kExitUsage;
+    }
   }
 
   sigset_t signals = BlockStopSignals();
@@ -163,16 +211,37 @@ int RunGateway(const GatewayArgs& args) {
     return kExitFailure;
   }
   std::unique_ptr<gateway::Gateway> gateway = std::move(started.gateway);
-  gateway->SetRoutes(*routes);
+  std::unique_ptr<gateway::ControlPlaneLink> link;
   fmt::print("gpufleet gateway {}: listening on {}\n", kVersion, gateway->url());
-  fmt::print("  routes: {} ({} deployments, {} endpoints), policy {}, no auth\n", args.routes_file,
-             routes->size(), EndpointCount(*routes), args.policy);
+  if (controlled) {
+    gateway::ControlPlaneOptions link_options;
+    link_options.server_url = args.server;
+    link_options.token = token;
+    link_options.ca_file = args.ca_file;
+    link_options.gateway_id =
+        !args.id.empty() ? args.id : fmt::format("gateway-{}-{}", Hostname(), gateway->port());
+    link_options.log = [](const std::string& line) {
+      fmt::print(stderr, "gpufleet gateway: {}\n", line);
+    };
+    link = std::make_unique<gateway::ControlPlaneLink>(*gateway, link_options);
+    if (auto link_error = link->Start()) {
+      fmt::print(stderr, "error: {}\n", *link_error);
+      return kExitUsage;
+    }
+    fmt::print("  routes: from {} (id {}), tokens checked by it, policy {}\n", args.server,
+               link_options.gateway_id, args.policy);
+  } else {
+    gateway->SetRoutes(*routes);
+    fmt::print("  routes: {} ({} deployments, {} endpoints), policy {}, no auth\n",
+               args.routes_file, routes->size(), EndpointCount(*routes), args.policy);
+  }
   std::fflush(stdout);
 
   while (true) {
     siginfo_t info{};
     const int signal_number = ::sigwaitinfo(&signals, &info);
     if (signal_number == SIGHUP) {
+      if (controlled) continue;  // the control plane's routes change on their own
       auto reloaded = gateway::LoadRoutesFile(args.routes_file, error);
       if (!reloaded) {
         // A bad edit keeps the routes that work.
@@ -190,6 +259,7 @@ int RunGateway(const GatewayArgs& args) {
       break;
     }
   }
+  if (link) link->Stop();
   gateway->Stop();
   return 0;
 }

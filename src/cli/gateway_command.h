@@ -9,6 +9,12 @@ namespace gpufleet::cli {
 // Flags of `gpufleet gateway`, as typed; RunGateway validates them.
 struct GatewayArgs {
   std::string listen = "127.0.0.1:8000";
+  // With the control plane: routes from its endpoint set, callers' tokens checked by it, load
+  // reported to its autoscalers (a token of role gateway).
+  std::string server;
+  std::string token_file;
+  std::string ca_file;
+  std::string id;           // empty: gateway-<hostname>-<port>
   std::string routes_file;  // standalone: routes from this file, reloaded on SIGHUP
   bool no_auth = false;     // only on a loopback address
   std::string policy = "least_outstanding";

@@ -23,7 +23,7 @@ import threading
 import time
 from http.client import HTTPConnection, HTTPException
 
-from e2e_testlib import (Process, api, check, http, kill_recorded_workloads, run_tests,
+from e2e_testlib import (Cluster, Process, api, check, http, kill_recorded_workloads, run_tests,
                          wait_until)
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
@@ -338,7 +338,56 @@ def test_scale_down_and_rolling_update_lose_nothing(gpufleet):
               f"{load.failures[:3]}")
 
 
+def test_gateway_of_a_server_and_agents(gpufleet):
+    """The multi-machine shape: `gpufleet server`, agents on two loopback addresses, and a
+    separate `gpufleet gateway --server` with a gateway token."""
+    with Cluster(gpufleet, "gateway") as cluster:
+        cluster.start_server()
+        cluster.start_agent("node-a", address="127.0.0.2")
+        cluster.start_agent("node-b", address="127.0.0.3")
+        gateway_token = cluster.token("gw-1", "", "gateway")
+        token_file = os.path.join(cluster.root, "gateway.token")
+        with open(token_file, "w") as file:
+            file.write(gateway_token + "\n")
+        gateway = Process([gpufleet, "gateway", "--server", cluster.url, "--token-file",
+                           token_file, "--listen", "127.0.0.1:0"],
+                          os.path.join(cluster.root, "gateway.log"), "gateway")
+        try:
+            url = gateway.read_until(r"listening on (http://[\d.:]+)").group(1)
+            alice = cluster.token("alice", "vision")
+            status, body = api(cluster.url, alice, "POST", "/api/v1/deployments", {
+                "name": "static", "gpus": 3, "min_replicas": 2, "max_replicas": 2,
+                "readiness_path": "/",
+                "command": ["sh", "-c", 'echo "replica on $HOST" > index.html; '
+                            'exec python3 -m http.server "$PORT" --bind "$HOST"']})
+            check(status == 201, f"deploy: HTTP {status}: {body}")
+            wait_until(lambda: api(cluster.url, alice, "GET", "/api/v1/deployments/static")[1]
+                       .get("ready_replicas") == 2, 60, "2 ready replicas")
+            hosts = set()
+
+            def answered():
+                status, text = http("GET", url + "/d/static/", token=alice)
+                if status == 200:
+                    hosts.add(text.strip())
+                return len(hosts) == 2
+
+            # 3 GPUs a replica on 4-GPU nodes: one replica per node, each listening on its
+            # node's address, and the gateway reaches both.
+            wait_until(answered, 30, f"answers from both nodes' replicas (so far {hosts})")
+            check(hosts == {"replica on 127.0.0.2", "replica on 127.0.0.3"}, f"answers: {hosts}")
+            status, _ = http("GET", url + "/d/static/", token=gateway_token)
+            check(status == 401, f"the gateway's own token calling a model: HTTP {status}")
+            status, _ = http("GET", url + "/d/static/")
+            check(status == 401, f"no token: HTTP {status}")
+            # The gateway's load reached the server's autoscaler: the requests are in /metrics.
+            status, text = http("GET", url + "/metrics")
+            check(status == 200 and 'deployment="static"' in text, f"gateway metrics: {status}")
+        finally:
+            gateway.stop()
+
+
 TESTS = [test_scale_from_zero_and_refusals,
+         test_gateway_of_a_server_and_agents,
          test_load_spreads_and_a_killed_replica_fails_only_its_own,
          test_scale_down_and_rolling_update_lose_nothing]
 
