@@ -748,9 +748,12 @@ HttpResponse Metrics(Impl& s) {
   uint64_t idle_reclaims = 0;
   std::map<std::string, uint64_t> preemptions_by_reason;
   std::map<std::string, api::QueueStatus> queues;
+  std::vector<api::DeploymentRecord> deployments;
   {
     std::lock_guard lock(s.mu);
     queues = QueueStatusesLocked(s);
+    for (const auto& [name, entry] : s.deployments)
+      deployments.push_back(s.ShowDeploymentLocked(entry));
     preemptions_by_reason = s.preemptions_by_reason;
     const TimeMs now = WallMs();
     for (const auto& [id, job] : s.jobs)
@@ -798,6 +801,32 @@ HttpResponse Metrics(Impl& s) {
     out += fmt::format("gpufleet_user_gpu_seconds_total{{team=\"{}\",user=\"{}\"}} {:.3f}\n",
                        PromLabel(who.first), PromLabel(who.second),
                        static_cast<double>(gpu_ms) / 1000.0);
+  // Per deployment: what the autoscaler (or a fixed scale) wants and what serves.
+  out +=
+      "# HELP gpufleet_deployment_desired_replicas Replicas a deployment wants (autoscaler or "
+      "fixed scale).\n# TYPE gpufleet_deployment_desired_replicas gauge\n";
+  for (const api::DeploymentRecord& deployment : deployments)
+    out += fmt::format("gpufleet_deployment_desired_replicas{{deployment=\"{}\",team=\"{}\"}} {}\n",
+                       PromLabel(deployment.name), PromLabel(deployment.team),
+                       deployment.desired_replicas);
+  out +=
+      "# HELP gpufleet_deployment_replicas A deployment's replicas by state (pending, starting, "
+      "ready, draining).\n# TYPE gpufleet_deployment_replicas gauge\n";
+  for (const api::DeploymentRecord& deployment : deployments) {
+    std::map<std::string, int64_t> by_state = {
+        {"pending", 0}, {"starting", 0}, {"ready", 0}, {"draining", 0}};
+    for (const api::ReplicaStatus& replica : deployment.replicas)
+      ++by_state[replica.state];
+    for (const auto& [state, count] : by_state)
+      out += fmt::format("gpufleet_deployment_replicas{{deployment=\"{}\",state=\"{}\"}} {}\n",
+                         PromLabel(deployment.name), state, count);
+  }
+  out +=
+      "# HELP gpufleet_deployment_replica_failures A deployment's replicas that failed in a row "
+      "(restarts back off).\n# TYPE gpufleet_deployment_replica_failures gauge\n";
+  for (const api::DeploymentRecord& deployment : deployments)
+    out += fmt::format("gpufleet_deployment_replica_failures{{deployment=\"{}\"}} {}\n",
+                       PromLabel(deployment.name), deployment.failures_in_a_row);
   // Per queue, as GET /queues shows it (Kueue's cluster_queue_resource_usage and nominal_quota).
   const auto gpus = [](MilliGpu milli) { return static_cast<double>(milli) / kMilliPerGpu; };
   out +=

@@ -100,6 +100,14 @@ TEST_F(DeploymentTest, ReplicasAreJobsWithPortsAndBecomeEndpointsWhenReady) {
   EXPECT_EQ(changed.deployments[0].endpoints[0].host, "10.0.0.1");
   EXPECT_EQ(changed.deployments[0].endpoints[0].port, launches[0].port);
   EXPECT_EQ(Show("tiny", alice_).ready_replicas, 1);
+  const std::string metrics = Call("GET", "/metrics", "").body;
+  EXPECT_NE(metrics.find("gpufleet_deployment_replicas{deployment=\"tiny\",state=\"ready\"} 1"),
+            std::string::npos);
+  EXPECT_NE(metrics.find("gpufleet_deployment_replicas{deployment=\"tiny\",state=\"starting\"} 1"),
+            std::string::npos);
+  EXPECT_NE(
+      metrics.find("gpufleet_deployment_desired_replicas{deployment=\"tiny\",team=\"vision\"} 2"),
+      std::string::npos);
 }
 
 TEST_F(DeploymentTest, BadDeploymentsAreRefusedAndNothingIsStored) {
