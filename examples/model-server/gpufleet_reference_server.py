@@ -1243,6 +1243,8 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     engine = Engine(args, args.model_name)
     state = ServerState(args, engine)
+    if ":" in args.host:
+        Server.address_family = socket.AF_INET6
     try:
         server = Server((args.host, args.port), Handler)
     except OSError as error:
