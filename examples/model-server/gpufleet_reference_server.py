@@ -1143,6 +1143,7 @@ def usage(finishes):
 
 class Server(http.server.ThreadingHTTPServer):
     daemon_threads = True  # idle keep-alive connections do not hold up the exit
+    request_queue_size = 256  # a gateway opens many connections at once; 5 would drop them
     allow_reuse_address = True
 
 
