@@ -1143,6 +1143,7 @@ def usage(finishes):
 
 class Server(http.server.ThreadingHTTPServer):
     daemon_threads = True  # idle keep-alive connections do not hold up the exit
+    request_queue_size = 256  # a gateway opens many connections at once; 5 would drop them
     allow_reuse_address = True
 
 
@@ -1245,6 +1246,8 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     engine = Engine(args, args.model_name)
     state = ServerState(args, engine)
+    if ":" in args.host:
+        Server.address_family = socket.AF_INET6
     try:
         server = Server((args.host, args.port), Handler)
     except OSError as error:

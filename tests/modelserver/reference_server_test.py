@@ -330,6 +330,24 @@ def test_prefix_cache_hit_skips_prefill():
         check(0 < partial < cacheable, f"after eviction {partial} of {cacheable} tokens hit")
         check(server.metric("vllm:kv_cache_usage_perc") == 0, "cached blocks counted as used")
 
+        # Out of KV blocks, a request waits though batch slots are free: this one holds 75 of
+        # the 80 blocks ((prompt + 150 - 1) / 16), the next needs 10.
+        holder = Stream(server, "/v1/completions",
+                        dict(prompt="y" + long_prompt, max_tokens=150, temperature=0))
+        holder.next_event()
+        needed = -(-(prompt_tokens + 1 + 150 - 1) // 16)
+        check(server.metric("vllm:kv_cache_usage_perc") == needed / 80, "KV usage of the holder")
+        waiter = threading.Thread(target=server.complete, kwargs=dict(prompt="z" * 40,
+                                                                      max_tokens=120))
+        waiter.start()
+        wait_until(lambda: server.metric("vllm:num_requests_waiting") == 1, 10,
+                   "a request waiting for KV blocks")
+        check(server.metric("vllm:num_requests_running") == 1, "the waiter runs without blocks")
+        holder.rest()
+        waiter.join(30)
+        check(not waiter.is_alive() and server.metric("vllm:num_requests_waiting") == 0,
+              "the waiter did not run once the blocks were freed")
+
 
 def test_lora_adapters():
     with ReferenceServer("--lora-modules", "alpha", "beta=/models/beta", "--max-loras", "1",
