@@ -78,6 +78,47 @@ std::string SelfCommand() {
   return relative.has_parent_path() ? relative.string() : "./" + relative.string();
 }
 
+// The reference model server next to this build (build/gpufleet -> examples/model-server), or
+// nothing when the binary was installed without the source tree.
+std::optional<fs::path> ReferenceServerScript() {
+  std::error_code error;
+  const fs::path self = fs::read_symlink("/proc/self/exe", error);
+  if (error) return std::nullopt;
+  for (fs::path dir = self.parent_path(); !dir.empty() && dir != dir.root_path();
+       dir = dir.parent_path()) {
+    const fs::path script = dir / "examples" / "model-server" / "gpufleet_reference_server.py";
+    if (fs::exists(script, error)) return script;
+  }
+  return std::nullopt;
+}
+
+// A deployment of the reference server for the banner's hints, with its absolute path (a
+// replica runs in a fresh directory). Debian's python3 is named: it has python3-torch.
+std::optional<fs::path> WriteExampleDeployment(const fs::path& dir) {
+  auto script = ReferenceServerScript();
+  if (!script) return std::nullopt;
+  const fs::path file = dir / "examples" / "tiny-llm.yaml";
+  std::error_code error;
+  fs::create_directories(file.parent_path(), error);
+  std::ofstream out(file);
+  out << "# The reference model server (a tiny random transformer on CPU: docs/"
+         "reference-model-server.md)\n"
+         "# behind the gateway, scaled from zero by the autoscaler (docs/serving.md).\n"
+         "name: tiny-llm\n"
+         "command: [/usr/bin/python3, "
+      << script->string()
+      << "]\n"
+         "gpus: 0.25\n"
+         "min_replicas: 0\n"
+         "max_replicas: 3\n"
+         "readiness_path: /health\n"
+         "routing: endpoint_picker\n"
+         "autoscaling:\n"
+         "  target: 4\n";
+  if (!out) return std::nullopt;
+  return file;
+}
+
 }  // namespace
 
 CLI::App* AddDevCommand(CLI::App& app, DevArgs& args) {
@@ -252,6 +293,13 @@ int RunDev(const DevArgs& args) {
   }
 
   const std::string self = SelfCommand();
+  std::string serving_hint;
+  if (auto example = WriteExampleDeployment(dir))
+    serving_hint = fmt::format(
+        "  {} deploy -f {}\n"
+        "  curl -H 'Authorization: Bearer {}' {}/v1/completions \\\n"
+        "       -d '{{\"model\": \"tiny-llm\", \"prompt\": \"Hello\", \"max_tokens\": 16}}'\n",
+        self, fs::relative(*example).string(), *admin_token, inference->url());
   std::string gpus = core->DescribeGpus();
   if (core->simulated())
     gpus = fmt::format("SIMULATED {} (no real GPU: {}; --require-nvml to insist)", gpus,
@@ -274,11 +322,12 @@ int RunDev(const DevArgs& args) {
       "  {} jobs\n"
       "  {} logs -f 1\n"
       "  {} top\n"
+      "{}"
       "Ctrl-C stops the cluster; its jobs and nodes are kept in {} for the next start.\n",
       kVersion, server->url(), inference->url(), server->url(), agent_server->address(), gpus,
       DescribeScheduler(server_options.scheduler), dir.string(), server->store_description(),
       (dir / "agent").string(), *admin_token, client_file.string(), self, self, self, self,
-      dir.string());
+      serving_hint, dir.string());
   for (const std::string& note : core->startup_notes())
     fmt::print("  note: {}\n", note);
   std::fflush(stdout);
