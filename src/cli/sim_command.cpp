@@ -243,6 +243,21 @@ void CheckServingFlagsUnused(const CLI::App& command) {
   }
 }
 
+// The job replay's flags mean nothing to the serving replay: refused rather than ignored.
+void CheckJobFlagsUnused(const CLI::App& command) {
+  for (const char* flag :
+       {"--format",          "--nodes",          "--gpus-per-node",   "--gpu-model",
+        "--gpus-per-island", "--nodes-per-rack", "--racks-per-spine", "--alibaba-nodes",
+        "--policy",          "--backfill",       "--placement",       "--preempt",
+        "--las-limits",      "--restart-cost",   "--grace-period",    "--fair-share-half-life",
+        "--estimates",       "--mode",           "--arrived",         "--shuffle",
+        "--fgd-weight",      "--load",           "--queues",          "--queue-by",
+        "--limit",           "--compare"}) {
+    if (command.count(flag) > 0)
+      throw UsageError(fmt::format("{} applies to job traces, not to --serving", flag));
+  }
+}
+
 sim::ServingOptions ServingOptionsFrom(const SimArgs& args) {
   sim::ServingOptions options;
   serving::AutoscalerConfig& a = options.autoscaler;
@@ -330,6 +345,7 @@ int RunServing(const SimArgs& args) {
 int Run(const SimArgs& args) {
   if (args.serving) {
     if (!args.trace.empty()) throw UsageError("--serving replays --requests, not --trace");
+    if (args.command != nullptr) CheckJobFlagsUnused(*args.command);
     return RunServing(args);
   }
   if (args.command != nullptr) CheckServingFlagsUnused(*args.command);

@@ -255,6 +255,9 @@ class DeploymentReplay {
   }
 
   void RemoveReplica(size_t id, TimeMs now) {
+    // Scale-down drains busy replicas, and the replay ends only once nothing is in service.
+    if (replicas_[id].busy > 0)
+      throw std::logic_error("serving replay: a replica was removed while serving requests");
     alive_[id] = false;
     if (ready_flag_[id] && !replicas_[id].draining) --ready_replicas_;
     ready_flag_[id] = false;

@@ -226,7 +226,8 @@ TEST(ServingSim, GenAiTraceThreePolicies) {
   const ServingPolicyResult fixed = SimulateServing(trace, ServingPolicy::kFixedAtPeak, options);
   for (const ServingPolicyResult* result : {&kpa, &tt, &fixed}) {
     SCOPED_TRACE(std::string(ServingPolicyName(result->policy)));
-    // Every request is served, none cut short by a scale-down.
+    // Every request is served; none is cut short by a scale-down (the replay throws if a busy
+    // replica were removed).
     EXPECT_EQ(result->latency.requests, static_cast<int64_t>(trace.requests.size()));
     EXPECT_EQ(result->deployments.size(), trace.deployments.size());
   }
