@@ -1,8 +1,10 @@
 #include "agent/control_loop.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <map>
@@ -13,8 +15,11 @@
 #include <utility>
 #include <vector>
 
+#include <arpa/inet.h>
 #include <fmt/format.h>
+#include <netinet/in.h>
 #include <nlohmann/json.hpp>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "agent/readiness.h"
@@ -50,6 +55,34 @@ bool Active(WorkloadState state) {
 
 bool Ended(const WorkloadStatus& status) {
   return status.Finished() || status.state == WorkloadState::kLost;
+}
+
+// Why `port` on `address` cannot be listened on (another program holds it), or nothing.
+std::optional<std::string> PortInUse(const std::string& address, int32_t port) {
+  sockaddr_storage storage{};
+  socklen_t length = 0;
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&storage);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&storage);
+  if (::inet_pton(AF_INET, address.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(static_cast<uint16_t>(port));
+    length = sizeof *v4;
+  } else if (::inet_pton(AF_INET6, address.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(static_cast<uint16_t>(port));
+    length = sizeof *v6;
+  } else {
+    return std::nullopt;  // a name, not an address: the replica's own bind will say
+  }
+  const int fd = ::socket(storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return std::nullopt;
+  const int on = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+  std::optional<std::string> busy;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&storage), length) != 0 && errno == EADDRINUSE)
+    busy = std::strerror(errno);
+  ::close(fd);
+  return busy;
 }
 
 // This machine's CPUs and memory, as the scheduler may hand them out.
@@ -341,6 +374,13 @@ bool ControlLoop::State::LaunchTask(const api::TaskLaunch& task,
   }
   deferred.erase(task.workload_id);
 
+  // A replica's port held by another program would make it fail to listen, or worse, have the
+  // other program answer its readiness probe and its requests: refused before it starts.
+  if (task.port > 0) {
+    if (auto busy = PortInUse(options.address, task.port))
+      return fail(fmt::format("port {} on {} is in use by another program: {}", task.port,
+                              options.address, *busy));
+  }
   LaunchRequest request;
   request.id = task.workload_id;
   request.job_id = task.job_id;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <map>
 #include <set>
 
 #include <fmt/format.h>
@@ -98,6 +99,45 @@ bool ValidEnvName(std::string_view name) {
   return true;
 }
 
+// A user's "env": an object of valid variable names to strings.
+std::map<std::string, std::string> EnvObject(const json& value) {
+  if (!value.is_object()) Fail(fmt::format("'env' must be an object, not {}", TypeName(value)));
+  std::map<std::string, std::string> env;
+  for (const auto& [key, item] : value.items()) {
+    if (!ValidEnvName(key))
+      Fail(fmt::format("'env' has an invalid variable name '{}' (letters, digits and _)", key));
+    env[key] = String(item, "env." + key);
+  }
+  return env;
+}
+
+// The number of GPUs as people write it: 1, 8 or 0.5.
+json GpusJson(MilliGpu milli) {
+  return milli % kMilliPerGpu == 0 ? json(milli / kMilliPerGpu)
+                                   : json(static_cast<double>(milli) / kMilliPerGpu);
+}
+
+// Runs a strict parser (which throws FieldError), turning its failure into `error`.
+template <typename Parse>
+auto Strictly(Parse parse, const json& body, std::string& error)
+    -> std::optional<decltype(parse(body))> {
+  try {
+    return parse(body);
+  } catch (const FieldError& field_error) {
+    error = field_error.message;
+  }
+  return std::nullopt;
+}
+
+std::optional<json> ParseJsonText(std::string_view text, std::string& error) {
+  try {
+    return json::parse(text);
+  } catch (const json::parse_error& parse_error) {
+    error = fmt::format("malformed JSON: {}", parse_error.what());
+  }
+  return std::nullopt;
+}
+
 const std::set<std::string, std::less<>> kSubmissionFields = {
     "name",        "queue",       "priority",         "tasks",
     "gpus",        "cpu",         "memory",           "gpu_model",
@@ -130,14 +170,7 @@ JobSubmission ParseSubmissionOrThrow(const json& body) {
     job.gpu_models = StringList(*it, "gpu_model", true);
   if (auto it = body.find("command"); it != body.end())
     job.command = StringList(*it, "command", false);
-  if (auto it = body.find("env"); it != body.end()) {
-    if (!it->is_object()) Fail(fmt::format("'env' must be an object, not {}", TypeName(*it)));
-    for (const auto& [key, value] : it->items()) {
-      if (!ValidEnvName(key))
-        Fail(fmt::format("'env' has an invalid variable name '{}' (letters, digits and _)", key));
-      job.env[key] = String(value, "env." + key);
-    }
-  }
+  if (auto it = body.find("env"); it != body.end()) job.env = EnvObject(*it);
   if (auto it = body.find("workdir"); it != body.end()) job.workdir = String(*it, "workdir");
   if (auto it = body.find("restartable"); it != body.end())
     job.restartable = Bool(*it, "restartable");
@@ -269,23 +302,12 @@ std::string FormatGpus(MilliGpu milli) {
 }
 
 std::optional<JobSubmission> ParseJobSubmission(const json& body, std::string& error) {
-  try {
-    return ParseSubmissionOrThrow(body);
-  } catch (const FieldError& field_error) {
-    error = field_error.message;
-  }
-  return std::nullopt;
+  return Strictly(ParseSubmissionOrThrow, body, error);
 }
 
 std::optional<JobSubmission> ParseJobSubmissionText(std::string_view text, std::string& error) {
-  json body;
-  try {
-    body = json::parse(text);
-  } catch (const json::parse_error& parse_error) {
-    error = fmt::format("malformed JSON: {}", parse_error.what());
-    return std::nullopt;
-  }
-  return ParseJobSubmission(body, error);
+  auto body = ParseJsonText(text, error);
+  return body ? ParseJobSubmission(*body, error) : std::nullopt;
 }
 
 // ---- JobSubmission: the user's own shape -----------------------------------------------------
@@ -295,9 +317,7 @@ void to_json(json& out, const JobSubmission& value) {
              {"queue", value.queue},
              {"priority", value.priority},
              {"tasks", value.tasks},
-             {"gpus", value.gpu_milli_per_task % kMilliPerGpu == 0
-                          ? json(value.gpu_milli_per_task / kMilliPerGpu)
-                          : json(static_cast<double>(value.gpu_milli_per_task) / kMilliPerGpu)},
+             {"gpus", GpusJson(value.gpu_milli_per_task)},
              {"cpu", fmt::format("{}m", value.cpu_milli_per_task)},
              {"memory", fmt::format("{}Mi", value.memory_mib_per_task)},
              {"gpu_model", value.gpu_models},
@@ -761,14 +781,7 @@ DeploymentSpec ParseDeploymentOrThrow(const json& body) {
     Fail(
         "'command' is required: the model server and its arguments, e.g. [\"vllm\", \"serve\", "
         "\"model\"]");
-  if (auto it = body.find("env"); it != body.end()) {
-    if (!it->is_object()) Fail(fmt::format("'env' must be an object, not {}", TypeName(*it)));
-    for (const auto& [key, value] : it->items()) {
-      if (!ValidEnvName(key))
-        Fail(fmt::format("'env' has an invalid variable name '{}' (letters, digits and _)", key));
-      spec.env[key] = String(value, "env." + key);
-    }
-  }
+  if (auto it = body.find("env"); it != body.end()) spec.env = EnvObject(*it);
   if (auto it = body.find("workdir"); it != body.end()) spec.workdir = String(*it, "workdir");
   if (!spec.workdir.empty() && spec.workdir.front() != '/')
     Fail(fmt::format("'workdir' must be an absolute path, not '{}'", spec.workdir));
@@ -841,11 +854,6 @@ std::string DurationText(TimeMs ms) {
   return fmt::format("{}ms", ms);
 }
 
-json GpusJson(MilliGpu milli) {
-  return milli % kMilliPerGpu == 0 ? json(milli / kMilliPerGpu)
-                                   : json(static_cast<double>(milli) / kMilliPerGpu);
-}
-
 }  // namespace
 
 bool ValidDeploymentName(std::string_view name) {
@@ -859,23 +867,12 @@ bool ValidDeploymentName(std::string_view name) {
 }
 
 std::optional<DeploymentSpec> ParseDeploymentSpec(const json& body, std::string& error) {
-  try {
-    return ParseDeploymentOrThrow(body);
-  } catch (const FieldError& field_error) {
-    error = field_error.message;
-  }
-  return std::nullopt;
+  return Strictly(ParseDeploymentOrThrow, body, error);
 }
 
 std::optional<DeploymentSpec> ParseDeploymentSpecText(std::string_view text, std::string& error) {
-  json body;
-  try {
-    body = json::parse(text);
-  } catch (const json::parse_error& parse_error) {
-    error = fmt::format("malformed JSON: {}", parse_error.what());
-    return std::nullopt;
-  }
-  return ParseDeploymentSpec(body, error);
+  auto body = ParseJsonText(text, error);
+  return body ? ParseDeploymentSpec(*body, error) : std::nullopt;
 }
 
 void to_json(json& out, const AutoscalingSpec& value) {

@@ -27,6 +27,9 @@ struct QueueConfig {
   // The server preempts (requeues, with the checkpoint signal first) this queue's jobs whose GPUs
   // sat idle for its --idle-gpu-timeout while other jobs wait for GPUs. Not simulated.
   bool reclaim_idle = false;
+  // A deployment's replicas in this queue may be preempted (by reclaim of borrowed quota, or by
+  // higher-priority replicas); by default they never are (docs/serving.md). Server only.
+  bool preemptible_replicas = false;
 
   bool PerModel() const { return !guaranteed_milli_by_model.empty(); }
   friend bool operator==(const QueueConfig&, const QueueConfig&) = default;

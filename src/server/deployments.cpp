@@ -46,28 +46,6 @@ constexpr TimeMs kFirstRestartBackoffMs = 1000;
 constexpr TimeMs kMaxRestartBackoffMs = 5 * 60 * 1000;
 constexpr TimeMs kMaxEndpointWaitMs = 60000;
 
-HttpResponse JsonResponse(int status, const json& body) {
-  return HttpResponse::Json(status, body.dump());
-}
-
-Impl::CommitDone AnswerWhenDurable(HttpResponder respond, HttpResponse response) {
-  return [respond = std::move(respond), response = std::move(response)](const std::string& error) {
-    respond(error.empty() ? response : HttpResponse::Error(503, "store failed: " + error));
-  };
-}
-
-bool RefuseMutationLocked(Impl& s, HttpResponder& respond) {
-  if (s.failed()) {
-    respond(HttpResponse::Error(503, s.FatalMessage()));
-    return true;
-  }
-  if (s.stopping) {
-    respond(HttpResponse::Error(503, "the server is stopping"));
-    return true;
-  }
-  return false;
-}
-
 serving::AutoscalerConfig AutoscalerConfigOf(const api::DeploymentSpec& spec) {
   serving::AutoscalerConfig config;
   config.metric = spec.autoscaling.metric == "rps" ? serving::ScaleMetric::kRps
@@ -85,8 +63,8 @@ serving::AutoscalerConfig AutoscalerConfigOf(const api::DeploymentSpec& spec) {
   return config;
 }
 
-// The job a replica of `record`'s current spec runs as.
-JobRecord NewReplicaJob(const DeploymentRecord& record, TimeMs now) {
+// The job a replica of `record`'s current spec runs as; `preemptible` when its queue says so.
+JobRecord NewReplicaJob(const DeploymentRecord& record, TimeMs now, bool preemptible) {
   const api::DeploymentSpec& spec = record.spec;
   JobRecord job;
   job.user = record.user;
@@ -104,10 +82,10 @@ JobRecord NewReplicaJob(const DeploymentRecord& record, TimeMs now) {
   job.spec.command = spec.command;
   job.spec.env = spec.env;
   job.spec.workdir = spec.workdir;
-  // A replica on a lost node is placed again; it is never preempted by batch work (it ranks
-  // above every batch job of its queue, and a higher-priority replica does not preempt it).
+  // A replica on a lost node is placed again. Batch work never preempts it (it ranks above every
+  // batch job of its queue); reclaim and higher-priority replicas only where the queue allows.
   job.spec.restartable = true;
-  job.spec.preemptible = false;
+  job.spec.preemptible = preemptible;
   job.spec.grace_period_ms = spec.grace_period_ms;
   job.replica = api::ReplicaOf{spec.name, record.generation, spec.readiness_path, 0};
   return job;
@@ -178,7 +156,7 @@ void ApplyDeployment(Impl& s, const HttpRequest& request, const Caller& caller,
   if (const Cluster* cluster = s.FeasibilityClusterLocked()) {
     DeploymentRecord shape_of;
     shape_of.spec = *spec;
-    JobRecord probe = NewReplicaJob(shape_of, now);
+    JobRecord probe = NewReplicaJob(shape_of, now, false);
     const JobSpec shape = ToJobSpec(probe);
     if (auto why = sched::CheckFeasible(*cluster, shape))
       return respond(HttpResponse::Error(422, fmt::format("a replica could never be placed: {}",
@@ -502,15 +480,24 @@ void Server::Impl::ResetAutoscalerLocked(DeploymentEntry& entry) {
   entry.autoscaler_since = std::chrono::steady_clock::now();
 }
 
-int32_t Server::Impl::FreeReplicaPortLocked(const std::string& node) const {
+int32_t Server::Impl::FreeReplicaPortLocked(const std::string& node, JobId job,
+                                            int32_t attempt) const {
   std::set<int32_t> taken;
   for (JobId id : active_jobs) {
-    const JobRecord& job = jobs.at(id);
-    for (const api::TaskStatus& task : job.tasks)
+    const JobRecord& other = jobs.at(id);
+    for (const api::TaskStatus& task : other.tasks)
       if (task.node == node && task.port > 0) taken.insert(task.port);
   }
-  for (int32_t port = kReplicaPortFirst; port <= kReplicaPortLast; ++port)
+  // From a point that differs by job and attempt rather than the lowest free port: a port some
+  // other program holds on the node (the agent refuses to launch onto it) is not picked again
+  // by the replica that replaces the one that could not start.
+  constexpr int32_t kRange = kReplicaPortLast - kReplicaPortFirst + 1;
+  const uint64_t mixed = (job * 0x9E3779B97F4A7C15ULL) ^ (static_cast<uint64_t>(attempt) << 32);
+  const auto start = static_cast<int32_t>((mixed >> 17) % kRange);
+  for (int32_t i = 0; i < kRange; ++i) {
+    const int32_t port = kReplicaPortFirst + (start + i) % kRange;
     if (!taken.count(port)) return port;
+  }
   return 0;
 }
 
@@ -635,7 +622,11 @@ bool Server::Impl::ReconcileDeploymentLocked(DeploymentEntry& entry, TimeMs now,
       now < record.last_failure_ms + RestartBackoffMs(record.failures_in_a_row);
   if (backing_off) missing = 0;
   for (int32_t i = 0; i < missing; ++i) {
-    JobRecord job = NewReplicaJob(record, now);
+    const auto& queues = options.scheduler.queues;
+    const auto queue = std::find_if(queues.begin(), queues.end(),
+                                    [&](const auto& q) { return q.name == record.spec.queue; });
+    JobRecord job =
+        NewReplicaJob(record, now, queue != queues.end() && queue->preemptible_replicas);
     job.id = next_job_id++;
     SetState(
         job, JobState::kPending,

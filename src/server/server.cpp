@@ -898,7 +898,7 @@ void Server::Impl::ApplyLocked(const Snapshot& snapshot, const sched::Decisions&
       }
       task.workload_id = WorkloadId(job.id, task.rank, job.attempt);
       // Its PORT; with all 2768 taken (absurd on one node) it gets none and never becomes ready.
-      if (job.replica) task.port = FreeReplicaPortLocked(node.name);
+      if (job.replica) task.port = FreeReplicaPortLocked(node.name, job.id, job.attempt);
       where.push_back(task.gpu_indices.empty()
                           ? node.name
                           : fmt::format("{} (GPU {})", node.name, JoinIndices(task.gpu_indices)));

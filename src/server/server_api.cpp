@@ -20,6 +20,35 @@
 #include "server/server_impl.h"
 
 namespace gpufleet::server {
+
+// ---- Route helpers, shared with deployments.cpp (server_impl.h) ---------------------------
+
+net::HttpResponse JsonResponse(int status, const nlohmann::json& body) {
+  return net::HttpResponse::Json(status, body.dump());
+}
+
+net::HttpResponse StoreFailed(const std::string& error) {
+  return net::HttpResponse::Error(503, "store failed: " + error);
+}
+
+Server::Impl::CommitDone AnswerWhenDurable(net::HttpResponder respond, net::HttpResponse response) {
+  return [respond = std::move(respond), response = std::move(response)](const std::string& error) {
+    respond(error.empty() ? response : StoreFailed(error));
+  };
+}
+
+bool RefuseMutationLocked(Server::Impl& s, net::HttpResponder& respond) {
+  if (s.failed()) {
+    respond(net::HttpResponse::Error(503, s.FatalMessage()));
+    return true;
+  }
+  if (s.stopping) {
+    respond(net::HttpResponse::Error(503, "the server is stopping"));
+    return true;
+  }
+  return false;
+}
+
 namespace {
 
 using api::JobRecord;
@@ -38,21 +67,6 @@ constexpr TimeMs kNoEnd = std::numeric_limits<TimeMs>::max();
 constexpr int64_t kDefaultListLimit = 100;
 constexpr int64_t kMaxListLimit = 10000;
 constexpr std::chrono::milliseconds kLogProxyTimeout{5000};
-
-HttpResponse JsonResponse(int status, const json& body) {
-  return HttpResponse::Json(status, body.dump());
-}
-
-HttpResponse StoreFailed(const std::string& error) {
-  return HttpResponse::Error(503, "store failed: " + error);
-}
-
-// Answers `response` once the batch is durable, or 503 when the store failed.
-Impl::CommitDone AnswerWhenDurable(HttpResponder respond, HttpResponse response) {
-  return [respond = std::move(respond), response = std::move(response)](const std::string& error) {
-    respond(error.empty() ? response : StoreFailed(error));
-  };
-}
 
 std::optional<uint64_t> ParseUnsigned(std::string_view text) {
   uint64_t value = 0;
@@ -159,19 +173,6 @@ JobRecord* FindJobLocked(Impl& s, const HttpRequest& request, const Caller& call
     return nullptr;
   }
   return &it->second;
-}
-
-// 503 when the server cannot take changes now. Called with the lock held.
-bool RefuseMutationLocked(Impl& s, HttpResponder& respond) {
-  if (s.failed()) {
-    respond(HttpResponse::Error(503, s.FatalMessage()));
-    return true;
-  }
-  if (s.stopping) {
-    respond(HttpResponse::Error(503, "the server is stopping"));
-    return true;
-  }
-  return false;
 }
 
 // ---- Jobs -------------------------------------------------------------------------------------

@@ -18,6 +18,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "api/types.h"
 #include "core/cluster.h"
 #include "net/http.h"
@@ -69,7 +71,6 @@ struct Caller {
   api::TokenInfo info;
   bool admin() const { return info.role == api::Role::kAdmin; }
 };
-
 
 // An API route: the roles that may call it and its handler (server_api.cpp registers them).
 using RouteHandler = void (*)(Server::Impl&, const net::HttpRequest&, const Caller&,
@@ -208,8 +209,8 @@ struct Server::Impl {
   store::Mutation PutDeploymentLocked(const DeploymentEntry& entry) const;
   api::DeploymentRecord ShowDeploymentLocked(const DeploymentEntry& entry) const;
   void ResetAutoscalerLocked(DeploymentEntry& entry);
-  // The lowest port of the replica range that no replica on `node` holds.
-  int32_t FreeReplicaPortLocked(const std::string& node) const;
+  // A port of the replica range that no replica on `node` holds, for attempt `attempt` of `job`.
+  int32_t FreeReplicaPortLocked(const std::string& node, JobId job, int32_t attempt) const;
   api::EndpointSet EndpointsLocked(const std::optional<Caller>& caller) const;
   // Recomputes the endpoint set; a change gets a new version and answers the parked watches.
   void RefreshEndpointsLocked();
@@ -305,5 +306,13 @@ struct Server::Impl {
   RequestCounter requests;
   std::atomic<uint64_t> cycles{0};
 };
+
+// ---- Route helpers (server_api.cpp) ----------------------------------------------------------
+net::HttpResponse JsonResponse(int status, const nlohmann::json& body);
+net::HttpResponse StoreFailed(const std::string& error);  // 503 "store failed: ..."
+// Answers `response` once the batch is durable, or 503 when the store failed.
+Server::Impl::CommitDone AnswerWhenDurable(net::HttpResponder respond, net::HttpResponse response);
+// 503 when the server cannot take changes now (failed store, stopping). Called with the lock held.
+bool RefuseMutationLocked(Server::Impl& s, net::HttpResponder& respond);
 
 }  // namespace gpufleet::server

@@ -57,6 +57,8 @@ std::vector<QueueEntry> ParseQueues(const YAML::Node& list, bool allow_members) 
         queue.weight = value.as<double>();
       } else if (key == "reclaim_idle") {
         queue.reclaim_idle = value.as<bool>();
+      } else if (key == "preemptible_replicas") {
+        queue.preemptible_replicas = value.as<bool>();
       } else if (key == "members" && allow_members) {
         entry.members = value.as<std::vector<std::string>>();
       } else {

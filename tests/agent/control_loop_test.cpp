@@ -433,6 +433,47 @@ TEST_F(ControlLoopTest, LaunchesThatFailAreReportedAsFailedToStart) {
     EXPECT_NE(report.workload_id, "j9-r2-a0");
 }
 
+// A deployment's replica: its readiness probe on its port decides `ready`, which is reported
+// while the long poll is held; a port another program holds is refused before launch.
+TEST_F(ControlLoopTest, ReplicasAreProbedForReadinessAndAPortInUseIsRefused) {
+  ASSERT_NO_FATAL_FAILURE(OpenCore());
+  ControlLoopOptions options = LoopOptions();
+  options.address = "127.0.0.1";  // where the replica listens and is probed
+  ASSERT_NO_FATAL_FAILURE(StartLoop(options));
+  auto squatter = net::HttpServer::Start(net::HttpServerOptions{}, [](const net::HttpRequest&) {
+    return net::HttpResponse::Text(200, "");
+  });
+  ASSERT_TRUE(squatter.server) << squatter.error;
+  api::TaskLaunch blocked = Task("j31-r0-a0", 31, {"sleep", "60"}, {1});
+  blocked.port = squatter.server->port();
+  blocked.readiness_path = "/";
+  // The replica listens on a free port once it has slept a little: not ready, then ready.
+  auto probe = net::HttpServer::Start(net::HttpServerOptions{}, [](const net::HttpRequest&) {
+    return net::HttpResponse::Text(200, "");
+  });
+  ASSERT_TRUE(probe.server);
+  const int32_t port = probe.server->port();
+  probe.server->Stop();
+  api::TaskLaunch serving =
+      Task("j30-r0-a0", 30,
+           {"sh", "-c", "sleep 0.5; exec python3 -m http.server \"$PORT\" --bind 127.0.0.1"}, {0});
+  serving.port = port;
+  serving.readiness_path = "/";
+  serving.env["PORT"] = std::to_string(port);
+  server_->SetDesired({blocked, serving});
+
+  ASSERT_TRUE(WaitUntil([&] { return server_->Saw("j31-r0-a0", "failed_to_start"); }, 10s));
+  EXPECT_THAT(server_->Latest("j31-r0-a0")->error, HasSubstr("in use by another program"));
+  EXPECT_FALSE(core_->Get("j31-r0-a0").ok());
+  ASSERT_TRUE(WaitUntil([&] { return server_->Saw("j30-r0-a0", "running"); }, 10s));
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        auto latest = server_->Latest("j30-r0-a0");
+        return latest && latest->ready;
+      },
+      20s));
+}
+
 TEST_F(ControlLoopTest, SurvivesServerErrorsAndRecovers) {
   ASSERT_NO_FATAL_FAILURE(OpenCore());
   server_->FailWith(500);

@@ -38,8 +38,12 @@ class Dev:
         self.gpufleet = gpufleet
         self.root = tempfile.mkdtemp(prefix=f"gpufleet-serving-{name}-")
         self.dir = os.path.join(self.root, "cluster")
+        # A loopback address of its own for the node: replicas listen there, so tests running
+        # side by side never answer each other's probes or requests.
+        self.address = f"127.{os.getpid() % 250 + 1}.{sum(map(ord, name)) % 250 + 1}.1"
         self.process = Process([gpufleet, "dev", "--dir", self.dir, "--listen", "127.0.0.1:0",
-                                "--gateway-listen", "127.0.0.1:0", "--sim-gpus", "4xH100-80GB"],
+                                "--gateway-listen", "127.0.0.1:0", "--agent-listen",
+                                f"{self.address}:0", "--sim-gpus", "4xH100-80GB"],
                                os.path.join(self.root, "dev.log"), "gpufleet dev")
         self.api = self.process.read_until(r"API\s+(http://[\d.:]+)/api/v1").group(1)
         self.gateway = self.process.read_until(r"gateway\s+(http://[\d.:]+)").group(1)

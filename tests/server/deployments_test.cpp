@@ -110,6 +110,31 @@ TEST_F(DeploymentTest, ReplicasAreJobsWithPortsAndBecomeEndpointsWhenReady) {
       std::string::npos);
 }
 
+TEST_F(DeploymentTest, ReplicasArePreemptibleOnlyWhereTheQueueSaysSo) {
+  sched::QueueConfig serving;
+  serving.name = "serving";
+  serving.guaranteed_milli = 4000;
+  serving.preemptible_replicas = true;
+  sched::QueueConfig batch;
+  batch.name = "default";
+  options_.scheduler.queues = {serving, batch};
+  Restart();
+  Sync(NodeReport("n1", 8));
+  json spec = Model(1, 1);
+  spec["queue"] = "serving";
+  ASSERT_EQ(Call("POST", "/api/v1/deployments", alice_, spec.dump()).status, 201);
+  spec = Model(1, 1);
+  spec["name"] = "pinned";
+  ASSERT_EQ(Call("POST", "/api/v1/deployments", alice_, spec.dump()).status, 201);
+  for (const char* name : {"tiny", "pinned"}) {
+    const api::DeploymentRecord shown = Show(name);
+    ASSERT_EQ(shown.replicas.size(), 1u) << name;
+    EXPECT_EQ(Job(shown.replicas[0].job_id).spec.preemptible, std::string(name) == "tiny") << name;
+  }
+  spec["queue"] = "nope";
+  EXPECT_EQ(Call("POST", "/api/v1/deployments", alice_, spec.dump()).status, 422);
+}
+
 TEST_F(DeploymentTest, BadDeploymentsAreRefusedAndNothingIsStored) {
   Sync(NodeReport("n1", 8));
   json bad = Model(0, 2);
