@@ -46,6 +46,20 @@ std::string Scaling(const api::DeploymentRecord& record) {
                      record.spec.autoscaling.metric, record.spec.autoscaling.target);
 }
 
+// An answer holding one deployment: printed as JSON (-o json), or its record handed to `show`.
+template <typename Show>
+int Answered(const DeploymentArgs& args, const ApiResult& answer, Show show) {
+  if (!answer.ok()) return Fail(answer.message);
+  if (args.connection.json()) {
+    PrintJson(answer.body);
+    return 0;
+  }
+  auto record = RecordOf(answer.body);
+  if (!record) return kExitFailure;
+  show(*record);
+  return 0;
+}
+
 int RunDeploy(const DeploymentArgs& args) {
   std::string error;
   auto body = BuildDeployment(args.file, error);
@@ -60,17 +74,11 @@ int RunDeploy(const DeploymentArgs& args) {
   auto client = Client::FromArgs(args.connection);
   if (!client) return kExitFailure;
   ApiResult answer = client->Post("/deployments", *body);
-  if (!answer.ok()) return Fail(answer.message);
-  if (args.connection.json()) {
-    PrintJson(answer.body);
-    return 0;
-  }
-  auto record = RecordOf(answer.body);
-  if (!record) return kExitFailure;
-  fmt::print("deployment {} {} (generation {}): {} replica(s) wanted, {}\n", record->name,
-             answer.status == 201 ? "created" : "updated", record->generation,
-             record->desired_replicas, Scaling(*record));
-  return 0;
+  return Answered(args, answer, [&](const api::DeploymentRecord& record) {
+    fmt::print("deployment {} {} (generation {}): {} replica(s) wanted, {}\n", record.name,
+               answer.status == 201 ? "created" : "updated", record.generation,
+               record.desired_replicas, Scaling(record));
+  });
 }
 
 int RunList(const DeploymentArgs& args) {
@@ -99,16 +107,10 @@ int RunList(const DeploymentArgs& args) {
 int RunShow(const DeploymentArgs& args) {
   auto client = Client::FromArgs(args.connection);
   if (!client) return kExitFailure;
-  ApiResult answer = client->Get("/deployments/" + UrlEncode(args.name));
-  if (!answer.ok()) return Fail(answer.message);
-  if (args.connection.json()) {
-    PrintJson(answer.body);
-    return 0;
-  }
-  auto record = RecordOf(answer.body);
-  if (!record) return kExitFailure;
-  fmt::print("{}", ShowDeployment(*record, NowMs()));
-  return 0;
+  return Answered(args, client->Get("/deployments/" + UrlEncode(args.name)),
+                  [](const api::DeploymentRecord& record) {
+                    fmt::print("{}", ShowDeployment(record, NowMs()));
+                  });
 }
 
 int RunScale(const DeploymentArgs& args) {
@@ -128,33 +130,21 @@ int RunScale(const DeploymentArgs& args) {
   }
   auto client = Client::FromArgs(args.connection);
   if (!client) return kExitFailure;
-  ApiResult answer = client->Post("/deployments/" + UrlEncode(args.name) + "/scale", body);
-  if (!answer.ok()) return Fail(answer.message);
-  if (args.connection.json()) {
-    PrintJson(answer.body);
-    return 0;
-  }
-  auto record = RecordOf(answer.body);
-  if (!record) return kExitFailure;
-  fmt::print("deployment {}: {} replica(s) wanted, {}\n", record->name, record->desired_replicas,
-             Scaling(*record));
-  return 0;
+  return Answered(args, client->Post("/deployments/" + UrlEncode(args.name) + "/scale", body),
+                  [](const api::DeploymentRecord& record) {
+                    fmt::print("deployment {}: {} replica(s) wanted, {}\n", record.name,
+                               record.desired_replicas, Scaling(record));
+                  });
 }
 
 int RunDelete(const DeploymentArgs& args) {
   auto client = Client::FromArgs(args.connection);
   if (!client) return kExitFailure;
-  ApiResult answer = client->Call("DELETE", "/deployments/" + UrlEncode(args.name));
-  if (!answer.ok()) return Fail(answer.message);
-  if (args.connection.json()) {
-    PrintJson(answer.body);
-    return 0;
-  }
-  auto record = RecordOf(answer.body);
-  if (!record) return kExitFailure;
-  fmt::print("deployment {} deleted: {} replica(s) stopping\n", record->name,
-             record->replicas.size());
-  return 0;
+  return Answered(args, client->Call("DELETE", "/deployments/" + UrlEncode(args.name)),
+                  [](const api::DeploymentRecord& record) {
+                    fmt::print("deployment {} deleted: {} replica(s) stopping\n", record.name,
+                               record.replicas.size());
+                  });
 }
 
 }  // namespace
