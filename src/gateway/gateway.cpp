@@ -681,7 +681,7 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
 
   void AbortUpstream() {
     timer_.cancel();
-    if (connector_) connector_->Cancel();
+    if (auto connector = connector_.lock()) connector->Cancel();
     beast::error_code ignored;
     if (upstream_) upstream_->close(ignored);
   }
@@ -770,14 +770,15 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
 
   void Connect() {
     auto self = shared_from_this();
-    connector_ = std::make_shared<Connector>(
+    auto connector = std::make_shared<Connector>(
         gateway_, Exec(), choice_.endpoint.host, choice_.endpoint.port,
         !force_new_connection_ && !streaming_,
         [self](beast::error_code error, std::unique_ptr<tcp::socket> socket, bool reused) {
           self->connector_.reset();
           self->OnConnected(error, std::move(socket), reused);
         });
-    connector_->Start();
+    connector_ = connector;
+    connector->Start();
   }
 
   void OnConnected(beast::error_code error, std::unique_ptr<tcp::socket> socket, bool reused) {
@@ -1408,7 +1409,8 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   bool event_stream_ = false;
   bool first_byte_seen_ = false;
   std::shared_ptr<Waiter> waiter_;
-  std::shared_ptr<Connector> connector_;
+  // Weak: the connector holds this session until it answers, and its handlers hold it.
+  std::weak_ptr<Connector> connector_;
   std::unique_ptr<tcp::socket> upstream_;
   beast::flat_buffer upstream_buffer_;
   std::optional<http::response_parser<http::buffer_body>> upstream_parser_;
@@ -1429,16 +1431,16 @@ class Scraper : public std::enable_shared_from_this<Scraper> {
         endpoint_(std::move(endpoint)) {}
 
   void Start() {
+    // The connector keeps this scraper alive until it answers; it is kept by its own handlers.
     auto self = shared_from_this();
-    connector_ = std::make_shared<Connector>(
+    std::make_shared<Connector>(
         gateway_, strand_, endpoint_.host, endpoint_.port, true,
         [self](beast::error_code error, std::unique_ptr<tcp::socket> socket, bool) {
-          self->connector_.reset();
           if (error) return self->Done(std::nullopt);
           self->socket_ = std::move(socket);
           self->Send();
-        });
-    connector_->Start();
+        })
+        ->Start();
   }
 
  private:
@@ -1489,7 +1491,6 @@ class Scraper : public std::enable_shared_from_this<Scraper> {
   asio::steady_timer timer_;
   std::string key_;
   Endpoint endpoint_;
-  std::shared_ptr<Connector> connector_;
   std::unique_ptr<tcp::socket> socket_;
   http::request<http::empty_body> request_;
   beast::flat_buffer buffer_;

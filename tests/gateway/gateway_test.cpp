@@ -280,6 +280,12 @@ TEST(GatewayRouting, PrefixIsStrippedBeforeForwarding) {
   EXPECT_EQ(reply.body, "a GET /hello/world?x=1");
   EXPECT_EQ(client.Send(http::verb::get, "/d/echo").body, "a GET /");
   EXPECT_EQ(client.Send(http::verb::get, "/d/nope/x").status, 404);
+  const std::string metrics = gateway->MetricsText();
+  EXPECT_EQ(Sample(metrics, "gpufleet_gateway_requests_total{deployment=\"echo\",code=\"200\"}"),
+            2);
+  EXPECT_EQ(Sample(metrics, "gpufleet_gateway_in_flight{deployment=\"echo\"}"), 0);
+  EXPECT_EQ(Sample(metrics, "gpufleet_gateway_request_duration_seconds_count{deployment=\"echo\"}"),
+            2);
 }
 
 TEST(GatewayRouting, HostFirstLabelOrWholeHost) {
