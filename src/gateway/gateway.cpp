@@ -802,9 +802,12 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
           http::field::te, http::field::trailer, http::field::upgrade, http::field::expect,
           http::field::transfer_encoding, http::field::authorization, http::field::content_length})
       upstream_request_.erase(field);
-    beast::error_code ignored;
-    const auto peer = client_.socket().remote_endpoint(ignored);
-    if (!ignored) upstream_request_.set("X-Forwarded-For", peer.address().to_string());
+    if (peer_address_.empty()) {
+      beast::error_code ignored;
+      const auto peer = client_.socket().remote_endpoint(ignored);
+      peer_address_ = ignored ? "unknown" : peer.address().to_string();
+    }
+    upstream_request_.set("X-Forwarded-For", peer_address_);
     upstream_request_.set("X-Gpufleet-Deployment", deployment_);
     upstream_request_.body() = request_.body();
     upstream_request_.keep_alive(true);
@@ -1381,6 +1384,7 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   std::optional<http::request_serializer<http::buffer_body>> request_serializer_;
   http::response<http::string_body> local_;
   bool idle_ = false;
+  std::string peer_address_;  // the client's, for X-Forwarded-For; read once per connection
 
   // The request in progress.
   Clock::time_point started_;
