@@ -415,6 +415,7 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
       return SendError(400, "malformed percent-encoding in the request target");
     openai_ = path_.rfind("/v1/", 0) == 0 || path_ == "/v1";
     deployment_.clear();
+    unknown_deployment_ = false;
     streaming_ = false;
     stream_parser_.reset();
     forward_target_ = target_;
@@ -431,8 +432,9 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
                                                            : target_.substr(target_.find('/', 3));
       if (rest.empty() || rest.front() != '/') rest.insert(rest.begin(), '/');
       forward_target_ = std::move(rest);
-      if (deployment_.empty() || !KnownDeployment(deployment_))
-        return SendError(404, fmt::format("no deployment '{}'", deployment_));
+      // Unknown is answered after the token check, as another team's is: whether a name
+      // exists is not told to callers without a token.
+      unknown_deployment_ = deployment_.empty() || !KnownDeployment(deployment_);
     } else {
       std::string host(header[http::field::host]);
       if (const size_t colon = host.rfind(':');
@@ -444,11 +446,8 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
         if (KnownDeployment(host.substr(0, dot))) deployment_ = host.substr(0, dot);
       }
     }
-    if (deployment_.empty() && method_ == http::verb::get) {
-      if (path_ == "/metrics")
-        return SendLocal(200, gateway_.MetricsTextLocked(), "text/plain; version=0.0.4");
-      if (path_ == "/healthz") return SendLocal(200, "ok\n", "text/plain; charset=utf-8");
-    }
+    if (deployment_.empty() && method_ == http::verb::get && path_ == "/healthz")
+      return SendLocal(200, "ok\n", "text/plain; charset=utf-8");
     Authenticate();
   }
 
@@ -505,6 +504,12 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
 
   void OnCaller() {
     if (!caller_) return SendError(401, "invalid or expired token");
+    if (unknown_deployment_) return SendError(404, fmt::format("no deployment '{}'", deployment_));
+    // The metrics name every team's deployments: an admin's (Prometheus's) token only.
+    if (deployment_.empty() && method_ == http::verb::get && path_ == "/metrics") {
+      if (!caller_->admin) return SendError(403, "the gateway's metrics need an admin token");
+      return SendLocal(200, gateway_.MetricsTextLocked(), "text/plain; version=0.0.4");
+    }
     if (deployment_.empty() && method_ == http::verb::get && path_ == "/v1/models")
       return SendLocal(200, ModelList(), "application/json");
     if (!deployment_.empty() && !Visible(deployment_))
@@ -1384,7 +1389,8 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   std::optional<http::request_serializer<http::buffer_body>> request_serializer_;
   http::response<http::string_body> local_;
   bool idle_ = false;
-  std::string peer_address_;  // the client's, for X-Forwarded-For; read once per connection
+  bool unknown_deployment_ = false;  // a /d/NAME/ prefix naming no deployment
+  std::string peer_address_;         // the client's, for X-Forwarded-For; read once per connection
 
   // The request in progress.
   Clock::time_point started_;

@@ -729,6 +729,16 @@ TEST(GatewayAuth, TokensTeamsAndModelList) {
   for (const auto& model : list["data"])
     ids.insert(model["id"].get<std::string>());
   EXPECT_EQ(ids, (std::set<std::string>{"llama", "llama-3"}));
+  // Unknown and foreign deployments look alike, and only once a token was checked.
+  EXPECT_EQ(Client(gateway->port()).Send(http::verb::get, "/d/nope/x").status, 401);
+  EXPECT_EQ(client.Send(http::verb::get, "/d/nope/x", {}, kAlice).status, 404);
+  // Metrics name every team's deployments: admins only.
+  EXPECT_EQ(client.Send(http::verb::get, "/metrics", {}, kAlice).status, 403);
+  Reply metrics =
+      client.Send(http::verb::get, "/metrics", {}, {{"Authorization", "Bearer root-token"}});
+  EXPECT_EQ(metrics.status, 200);
+  EXPECT_NE(metrics.body.find("gpufleet_gateway_requests_total{deployment=\"llama\",code=\"200\"}"),
+            std::string::npos);
   // The replica never sees the caller's gpufleet token.
   EXPECT_EQ(a.requests().back().headers.count("authorization"), 0u);
   // Cached: alice's token was verified once, "wrong" once, root's once.
