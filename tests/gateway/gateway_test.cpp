@@ -517,6 +517,11 @@ TEST(GatewayResilience, GetIsRetriedOn503) {
   for (int i = 0; i < 4; ++i)
     EXPECT_EQ(client.Send(http::verb::get, "/d/echo/x").body, "well GET /x");
   EXPECT_GE(sick.requests().size(), 1u);
+  // A POST's 503 is the replica's answer, passed on: round robin sends one of two to it.
+  std::set<int> statuses;
+  for (int i = 0; i < 2; ++i)
+    statuses.insert(client.Send(http::verb::post, "/d/echo/x", "{}").status);
+  EXPECT_EQ(statuses, (std::set<int>{200, 503}));
 }
 
 TEST(GatewayResilience, RepeatedFailuresEjectTheReplica) {
