@@ -1033,7 +1033,11 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
     bool keep_alive = keep_alive_ && !gateway_.stopping;
     const bool bodiless = method_ == http::verb::head || reply_status_ == 204 ||
                           reply_status_ == 304 || reply_status_ / 100 == 1;
-    if (!bodiless && !upstream.has_content_length() && !upstream.chunked()) {
+    if (version_ < 11 && upstream.chunked()) {
+      // HTTP/1.0 has no chunks: the body goes as it is and the close ends it.
+      response_.chunked(false);
+      keep_alive = false;
+    } else if (!bodiless && !upstream.has_content_length() && !upstream.chunked()) {
       // The replica ends its body by closing: chunked to an HTTP/1.1 client, close for 1.0.
       if (version_ >= 11)
         response_.chunked(true);

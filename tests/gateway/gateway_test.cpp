@@ -384,6 +384,22 @@ TEST(GatewayProxy, SseChunksReachTheClientBeforeTheStreamEnds) {
             std::string::npos);
 }
 
+TEST(GatewayProxy, ChunkedAnswerToAnHttp10ClientIsClosedDelimited) {
+  Backend backend([](const BackendRequest&, BackendConnection& connection) {
+    connection.Write(
+        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+        "d\r\ndata: first\n\n\r\n0\r\n\r\n");
+    return true;
+  });
+  auto gateway = StartGateway(TestOptions());
+  gateway->SetRoutes({MakeRoute("llm", {backend.endpoint("r1")})});
+  Client client(gateway->port());
+  client.WriteRaw("GET /d/llm/v1/stream HTTP/1.0\r\nHost: x\r\n\r\n");
+  const std::string all = client.ReadUntil("never sent: read to the close");
+  EXPECT_NE(all.find("\r\n\r\ndata: first\n\n"), std::string::npos) << all;
+  EXPECT_EQ(all.find("chunked"), std::string::npos) << all;
+}
+
 TEST(GatewayProxy, ClientDisconnectClosesTheUpstreamConnection) {
   std::promise<bool> upstream_closed;
   Backend backend([&upstream_closed](const BackendRequest&, BackendConnection& connection) {
