@@ -704,6 +704,45 @@ TEST(GatewayPicker, ScrapedMetricsSteerLlmRequests) {
               "roomy");
 }
 
+TEST(GatewayResilience, ReplicaSilentPastTheRequestTimeoutIs504) {
+  std::promise<void> done;
+  auto finished = done.get_future().share();
+  Backend silent([finished](const BackendRequest&, BackendConnection&) {
+    finished.wait_for(kGuard);  // never answers
+    return false;
+  });
+  GatewayOptions options = TestOptions();
+  options.request_timeout = std::chrono::milliseconds(30);
+  options.retries = 0;
+  auto gateway = StartGateway(options);
+  gateway->SetRoutes({MakeRoute("slow", {silent.endpoint("r1")})});
+  Client client(gateway->port());
+  Reply reply = client.Send(http::verb::get, "/d/slow/x");
+  done.set_value();
+  EXPECT_EQ(reply.status, 504);
+  EXPECT_EQ(Sample(gateway->MetricsText(),
+                   "gpufleet_gateway_upstream_errors_total{deployment=\"slow\",kind=\"timeout\"}"),
+            1);
+}
+
+// An llm route whose replicas export no vLLM metrics still serves: the picker falls back to
+// least outstanding.
+TEST(GatewayPicker, LlmRouteWithoutMetricsFallsBack) {
+  Backend a(Echo("a"));
+  Backend b(Echo("b"));
+  GatewayOptions options = TestOptions();
+  options.scrape_interval = std::chrono::milliseconds(1);
+  auto gateway = StartGateway(options);
+  Route route = MakeRoute("llama", {a.endpoint("a"), b.endpoint("b")});
+  route.llm = true;
+  gateway->SetRoutes({route});
+  Client client(gateway->port());
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(client.Send(http::verb::post, "/v1/completions", R"({"model":"llama","prompt":"x"})")
+                  .status,
+              200);
+}
+
 GatewayOptions AuthOptions(std::atomic<int>* calls) {
   GatewayOptions options = TestOptions();
   options.auth_disabled = false;
