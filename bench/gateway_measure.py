@@ -7,6 +7,7 @@ CPU(s). Each proxy gets the same wrk run (threads, connections, duration); the t
 ratios to the gateway go to stdout (docs/benchmarks.md records them).
 
     python3 bench/gateway_measure.py --gpufleet build/gpufleet [--connections 32] [--duration 10]
+        [--rounds 3]
 
 Needs wrk, nginx and haproxy on PATH (Debian: apt-get install wrk nginx-light haproxy).
 """
@@ -17,6 +18,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -127,7 +129,8 @@ def main():
     parser.add_argument("--gpufleet", default="build/gpufleet")
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--duration", type=int, default=10)
+    parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run")
+    parser.add_argument("--rounds", type=int, default=3, help="wrk runs per proxy, alternating")
     parser.add_argument("--proxy-cpu", default="0")
     parser.add_argument("--client-cpus", default="1", help="wrk and the backend")
     parser.add_argument("--body", default="hello from the static backend")
@@ -167,20 +170,30 @@ def main():
             ("nginx", lambda p: nginx_conf(work, p, args.body, backend_port), "/"),
             ("haproxy", lambda p: haproxy_conf(work, p, backend_port), "/"),
         ]
+        # All three run at once (idle ones cost nothing) and the rounds alternate between them,
+        # so that load from elsewhere on the machine hits each alike; medians are reported.
+        targets = []
         for name, make, path in proxies:
             port = free_port()
-            process = start(pinned(args.proxy_cpu, make(port)), port)
+            start(pinned(args.proxy_cpu, make(port)), port)
             run_wrk(argparse.Namespace(**{**vars(args), "duration": 2}), port, path)  # warm-up
-            results[name] = run_wrk(args, port, path)
-            stop(process)
+            targets.append((name, port, path))
+        runs = {name: [] for name, _, _ in targets}
+        for _ in range(args.rounds):
+            for name, port, path in targets:
+                runs[name].append(run_wrk(args, port, path))
+        for name, samples in runs.items():
+            results[name] = (statistics.median(r[0] for r in samples),
+                             statistics.median(r[1] for r in samples), sum(r[2] for r in samples))
     finally:
         for process in processes:
             if process.poll() is None:
                 stop(process)
         shutil.rmtree(work, ignore_errors=True)
 
-    print(f"wrk -t{args.threads} -c{args.connections} -d{args.duration}s --latency; proxy on CPU "
-          f"{args.proxy_cpu}, wrk and backend on CPU {args.client_cpus}")
+    print(f"wrk -t{args.threads} -c{args.connections} -d{args.duration}s --latency, {args.rounds} "
+          f"rounds (medians); proxy on CPU {args.proxy_cpu}, wrk and backend on CPU "
+          f"{args.client_cpus}")
     print(f"backend alone: {baseline[0]:.0f} req/s, p99 {baseline[1]:.2f} ms\n")
     gateway_rps, gateway_p99, _ = results["gpufleet gateway"]
     print("| proxy | requests/s | p99 (ms) | non-2xx | req/s vs gateway | p99 vs gateway |")

@@ -415,6 +415,7 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
       return SendError(400, "malformed percent-encoding in the request target");
     openai_ = path_.rfind("/v1/", 0) == 0 || path_ == "/v1";
     deployment_.clear();
+    unknown_deployment_ = false;
     streaming_ = false;
     stream_parser_.reset();
     forward_target_ = target_;
@@ -431,8 +432,9 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
                                                            : target_.substr(target_.find('/', 3));
       if (rest.empty() || rest.front() != '/') rest.insert(rest.begin(), '/');
       forward_target_ = std::move(rest);
-      if (deployment_.empty() || !KnownDeployment(deployment_))
-        return SendError(404, fmt::format("no deployment '{}'", deployment_));
+      // Unknown is answered after the token check, as another team's is: whether a name
+      // exists is not told to callers without a token.
+      unknown_deployment_ = deployment_.empty() || !KnownDeployment(deployment_);
     } else {
       std::string host(header[http::field::host]);
       if (const size_t colon = host.rfind(':');
@@ -444,11 +446,8 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
         if (KnownDeployment(host.substr(0, dot))) deployment_ = host.substr(0, dot);
       }
     }
-    if (deployment_.empty() && method_ == http::verb::get) {
-      if (path_ == "/metrics")
-        return SendLocal(200, gateway_.MetricsTextLocked(), "text/plain; version=0.0.4");
-      if (path_ == "/healthz") return SendLocal(200, "ok\n", "text/plain; charset=utf-8");
-    }
+    if (deployment_.empty() && method_ == http::verb::get && path_ == "/healthz")
+      return SendLocal(200, "ok\n", "text/plain; charset=utf-8");
     Authenticate();
   }
 
@@ -505,6 +504,12 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
 
   void OnCaller() {
     if (!caller_) return SendError(401, "invalid or expired token");
+    if (unknown_deployment_) return SendError(404, fmt::format("no deployment '{}'", deployment_));
+    // The metrics name every team's deployments: an admin's (Prometheus's) token only.
+    if (deployment_.empty() && method_ == http::verb::get && path_ == "/metrics") {
+      if (!caller_->admin) return SendError(403, "the gateway's metrics need an admin token");
+      return SendLocal(200, gateway_.MetricsTextLocked(), "text/plain; version=0.0.4");
+    }
     if (deployment_.empty() && method_ == http::verb::get && path_ == "/v1/models")
       return SendLocal(200, ModelList(), "application/json");
     if (!deployment_.empty() && !Visible(deployment_))
@@ -681,7 +686,7 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
 
   void AbortUpstream() {
     timer_.cancel();
-    if (connector_) connector_->Cancel();
+    if (auto connector = connector_.lock()) connector->Cancel();
     beast::error_code ignored;
     if (upstream_) upstream_->close(ignored);
   }
@@ -770,14 +775,15 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
 
   void Connect() {
     auto self = shared_from_this();
-    connector_ = std::make_shared<Connector>(
+    auto connector = std::make_shared<Connector>(
         gateway_, Exec(), choice_.endpoint.host, choice_.endpoint.port,
         !force_new_connection_ && !streaming_,
         [self](beast::error_code error, std::unique_ptr<tcp::socket> socket, bool reused) {
           self->connector_.reset();
           self->OnConnected(error, std::move(socket), reused);
         });
-    connector_->Start();
+    connector_ = connector;
+    connector->Start();
   }
 
   void OnConnected(beast::error_code error, std::unique_ptr<tcp::socket> socket, bool reused) {
@@ -801,9 +807,12 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
           http::field::te, http::field::trailer, http::field::upgrade, http::field::expect,
           http::field::transfer_encoding, http::field::authorization, http::field::content_length})
       upstream_request_.erase(field);
-    beast::error_code ignored;
-    const auto peer = client_.socket().remote_endpoint(ignored);
-    if (!ignored) upstream_request_.set("X-Forwarded-For", peer.address().to_string());
+    if (peer_address_.empty()) {
+      beast::error_code ignored;
+      const auto peer = client_.socket().remote_endpoint(ignored);
+      peer_address_ = ignored ? "unknown" : peer.address().to_string();
+    }
+    upstream_request_.set("X-Forwarded-For", peer_address_);
     upstream_request_.set("X-Gpufleet-Deployment", deployment_);
     upstream_request_.body() = request_.body();
     upstream_request_.keep_alive(true);
@@ -1024,7 +1033,11 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
     bool keep_alive = keep_alive_ && !gateway_.stopping;
     const bool bodiless = method_ == http::verb::head || reply_status_ == 204 ||
                           reply_status_ == 304 || reply_status_ / 100 == 1;
-    if (!bodiless && !upstream.has_content_length() && !upstream.chunked()) {
+    if (version_ < 11 && upstream.chunked()) {
+      // HTTP/1.0 has no chunks: the body goes as it is and the close ends it.
+      response_.chunked(false);
+      keep_alive = false;
+    } else if (!bodiless && !upstream.has_content_length() && !upstream.chunked()) {
       // The replica ends its body by closing: chunked to an HTTP/1.1 client, close for 1.0.
       if (version_ >= 11)
         response_.chunked(true);
@@ -1380,6 +1393,8 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   std::optional<http::request_serializer<http::buffer_body>> request_serializer_;
   http::response<http::string_body> local_;
   bool idle_ = false;
+  bool unknown_deployment_ = false;  // a /d/NAME/ prefix naming no deployment
+  std::string peer_address_;         // the client's, for X-Forwarded-For; read once per connection
 
   // The request in progress.
   Clock::time_point started_;
@@ -1408,7 +1423,8 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   bool event_stream_ = false;
   bool first_byte_seen_ = false;
   std::shared_ptr<Waiter> waiter_;
-  std::shared_ptr<Connector> connector_;
+  // Weak: the connector holds this session until it answers, and its handlers hold it.
+  std::weak_ptr<Connector> connector_;
   std::unique_ptr<tcp::socket> upstream_;
   beast::flat_buffer upstream_buffer_;
   std::optional<http::response_parser<http::buffer_body>> upstream_parser_;
@@ -1429,16 +1445,16 @@ class Scraper : public std::enable_shared_from_this<Scraper> {
         endpoint_(std::move(endpoint)) {}
 
   void Start() {
+    // The connector keeps this scraper alive until it answers; it is kept by its own handlers.
     auto self = shared_from_this();
-    connector_ = std::make_shared<Connector>(
+    std::make_shared<Connector>(
         gateway_, strand_, endpoint_.host, endpoint_.port, true,
         [self](beast::error_code error, std::unique_ptr<tcp::socket> socket, bool) {
-          self->connector_.reset();
           if (error) return self->Done(std::nullopt);
           self->socket_ = std::move(socket);
           self->Send();
-        });
-    connector_->Start();
+        })
+        ->Start();
   }
 
  private:
@@ -1489,7 +1505,6 @@ class Scraper : public std::enable_shared_from_this<Scraper> {
   asio::steady_timer timer_;
   std::string key_;
   Endpoint endpoint_;
-  std::shared_ptr<Connector> connector_;
   std::unique_ptr<tcp::socket> socket_;
   http::request<http::empty_body> request_;
   beast::flat_buffer buffer_;

@@ -50,7 +50,7 @@ struct EndpointState {
 struct PickRequest {
   std::string model;    // the request's `model` (or the deployment's name): seeds the prefix hash
   std::string adapter;  // a LoRA adapter the request names; empty for the base model
-  std::string_view prompt;
+  std::string_view prompt;  // a view: the caller keeps the text alive during the call
 };
 
 struct PickerConfig {

@@ -280,6 +280,12 @@ TEST(GatewayRouting, PrefixIsStrippedBeforeForwarding) {
   EXPECT_EQ(reply.body, "a GET /hello/world?x=1");
   EXPECT_EQ(client.Send(http::verb::get, "/d/echo").body, "a GET /");
   EXPECT_EQ(client.Send(http::verb::get, "/d/nope/x").status, 404);
+  const std::string metrics = gateway->MetricsText();
+  EXPECT_EQ(Sample(metrics, "gpufleet_gateway_requests_total{deployment=\"echo\",code=\"200\"}"),
+            2);
+  EXPECT_EQ(Sample(metrics, "gpufleet_gateway_in_flight{deployment=\"echo\"}"), 0);
+  EXPECT_EQ(Sample(metrics, "gpufleet_gateway_request_duration_seconds_count{deployment=\"echo\"}"),
+            2);
 }
 
 TEST(GatewayRouting, HostFirstLabelOrWholeHost) {
@@ -376,6 +382,22 @@ TEST(GatewayProxy, SseChunksReachTheClientBeforeTheStreamEnds) {
   EXPECT_NE(gateway->MetricsText().find(
                 "gpufleet_gateway_time_to_first_byte_seconds_count{deployment=\"llm\"} 1"),
             std::string::npos);
+}
+
+TEST(GatewayProxy, ChunkedAnswerToAnHttp10ClientIsClosedDelimited) {
+  Backend backend([](const BackendRequest&, BackendConnection& connection) {
+    connection.Write(
+        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+        "d\r\ndata: first\n\n\r\n0\r\n\r\n");
+    return true;
+  });
+  auto gateway = StartGateway(TestOptions());
+  gateway->SetRoutes({MakeRoute("llm", {backend.endpoint("r1")})});
+  Client client(gateway->port());
+  client.WriteRaw("GET /d/llm/v1/stream HTTP/1.0\r\nHost: x\r\n\r\n");
+  const std::string all = client.ReadUntil("never sent: read to the close");
+  EXPECT_NE(all.find("\r\n\r\ndata: first\n\n"), std::string::npos) << all;
+  EXPECT_EQ(all.find("chunked"), std::string::npos) << all;
 }
 
 TEST(GatewayProxy, ClientDisconnectClosesTheUpstreamConnection) {
@@ -511,6 +533,11 @@ TEST(GatewayResilience, GetIsRetriedOn503) {
   for (int i = 0; i < 4; ++i)
     EXPECT_EQ(client.Send(http::verb::get, "/d/echo/x").body, "well GET /x");
   EXPECT_GE(sick.requests().size(), 1u);
+  // A POST's 503 is the replica's answer, passed on: round robin sends one of two to it.
+  std::set<int> statuses;
+  for (int i = 0; i < 2; ++i)
+    statuses.insert(client.Send(http::verb::post, "/d/echo/x", "{}").status);
+  EXPECT_EQ(statuses, (std::set<int>{200, 503}));
 }
 
 TEST(GatewayResilience, RepeatedFailuresEjectTheReplica) {
@@ -677,6 +704,45 @@ TEST(GatewayPicker, ScrapedMetricsSteerLlmRequests) {
               "roomy");
 }
 
+TEST(GatewayResilience, ReplicaSilentPastTheRequestTimeoutIs504) {
+  std::promise<void> done;
+  auto finished = done.get_future().share();
+  Backend silent([finished](const BackendRequest&, BackendConnection&) {
+    finished.wait_for(kGuard);  // never answers
+    return false;
+  });
+  GatewayOptions options = TestOptions();
+  options.request_timeout = std::chrono::milliseconds(30);
+  options.retries = 0;
+  auto gateway = StartGateway(options);
+  gateway->SetRoutes({MakeRoute("slow", {silent.endpoint("r1")})});
+  Client client(gateway->port());
+  Reply reply = client.Send(http::verb::get, "/d/slow/x");
+  done.set_value();
+  EXPECT_EQ(reply.status, 504);
+  EXPECT_EQ(Sample(gateway->MetricsText(),
+                   "gpufleet_gateway_upstream_errors_total{deployment=\"slow\",kind=\"timeout\"}"),
+            1);
+}
+
+// An llm route whose replicas export no vLLM metrics still serves: the picker falls back to
+// least outstanding.
+TEST(GatewayPicker, LlmRouteWithoutMetricsFallsBack) {
+  Backend a(Echo("a"));
+  Backend b(Echo("b"));
+  GatewayOptions options = TestOptions();
+  options.scrape_interval = std::chrono::milliseconds(1);
+  auto gateway = StartGateway(options);
+  Route route = MakeRoute("llama", {a.endpoint("a"), b.endpoint("b")});
+  route.llm = true;
+  gateway->SetRoutes({route});
+  Client client(gateway->port());
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(client.Send(http::verb::post, "/v1/completions", R"({"model":"llama","prompt":"x"})")
+                  .status,
+              200);
+}
+
 GatewayOptions AuthOptions(std::atomic<int>* calls) {
   GatewayOptions options = TestOptions();
   options.auth_disabled = false;
@@ -723,6 +789,16 @@ TEST(GatewayAuth, TokensTeamsAndModelList) {
   for (const auto& model : list["data"])
     ids.insert(model["id"].get<std::string>());
   EXPECT_EQ(ids, (std::set<std::string>{"llama", "llama-3"}));
+  // Unknown and foreign deployments look alike, and only once a token was checked.
+  EXPECT_EQ(Client(gateway->port()).Send(http::verb::get, "/d/nope/x").status, 401);
+  EXPECT_EQ(client.Send(http::verb::get, "/d/nope/x", {}, kAlice).status, 404);
+  // Metrics name every team's deployments: admins only.
+  EXPECT_EQ(client.Send(http::verb::get, "/metrics", {}, kAlice).status, 403);
+  Reply metrics =
+      client.Send(http::verb::get, "/metrics", {}, {{"Authorization", "Bearer root-token"}});
+  EXPECT_EQ(metrics.status, 200);
+  EXPECT_NE(metrics.body.find("gpufleet_gateway_requests_total{deployment=\"llama\",code=\"200\"}"),
+            std::string::npos);
   // The replica never sees the caller's gpufleet token.
   EXPECT_EQ(a.requests().back().headers.count("authorization"), 0u);
   // Cached: alice's token was verified once, "wrong" once, root's once.

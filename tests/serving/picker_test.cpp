@@ -106,17 +106,19 @@ TEST(Picker, PrefixAffinitySendsASharedPrefixBack) {
   std::vector<EndpointState> endpoints = {Fresh("a", 1, 0.2), Fresh("b", 1, 0.2),
                                           Fresh("c", 1, 0.2)};
   const std::string system = "You are a helpful assistant. Answer briefly. ";
-  PickRequest first{"llama", "", system + "What is 2+2?"};
+  const std::string first_prompt = system + "What is 2+2?";
+  PickRequest first{"llama", "", first_prompt};
   Pick pick = ChooseEndpoint(state, endpoints, first, config, 1000, 2);
   const std::string chosen = endpoints[pick.index].id;
   RecordPick(state, pick, chosen, config);
   // Same prefix, different ending, whatever the random draw: the same endpoint.
-  PickRequest second{"llama", "", system + "Name a colour."};
+  const std::string second_prompt = system + "Name a colour.";
+  PickRequest second{"llama", "", second_prompt};
   for (uint64_t r = 0; r < 10; ++r)
     EXPECT_EQ(endpoints[ChooseEndpoint(state, endpoints, second, config, 1000, r).index].id,
               chosen);
   // Another model shares no cache: equal scores, so the random draw spreads it.
-  PickRequest other{"qwen", "", system + "Name a colour."};
+  PickRequest other{"qwen", "", second_prompt};
   std::set<size_t> spread;
   for (uint64_t r = 0; r < 30; ++r)
     spread.insert(ChooseEndpoint(state, endpoints, other, config, 1000, r).index);
@@ -127,7 +129,8 @@ TEST(Picker, PrefixAffinityYieldsToALongQueue) {
   PickerState state;
   PickerConfig config = Picker();
   std::vector<EndpointState> endpoints = {Fresh("a", 0, 0.2), Fresh("b", 0, 0.2)};
-  PickRequest request{"m", "", std::string(64, 'x')};
+  const std::string prompt(64, 'x');
+  PickRequest request{"m", "", prompt};
   Pick pick = ChooseEndpoint(state, endpoints, request, config, 1000, 0);
   RecordPick(state, pick, "a", config);
   endpoints[0].metrics->waiting = 500;  // past the queue filter
