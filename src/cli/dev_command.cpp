@@ -309,8 +309,8 @@ int RunDev(const DevArgs& args) {
   fmt::print(
       "gpufleet dev {}: a one-machine cluster is up\n"
       "  API         {}/api/v1\n"
-      "  gateway     {} (deployments' OpenAI API: /v1/completions, /d/NAME/...; metrics on "
-      "/metrics)\n"
+      "  gateway     {} (deployments' OpenAI API: /v1/completions, /d/NAME/...; /metrics with "
+      "the admin token)\n"
       "  metrics     {}/metrics (scheduler, API)  http://{}/metrics (GPUs, dcgm-exporter names)\n"
       "  GPUs        {}\n"
       "  scheduler   {}\n"

@@ -383,8 +383,10 @@ def test_gateway_of_a_server_and_agents(gpufleet):
             check(status == 401, f"the gateway's own token calling a model: HTTP {status}")
             status, _ = http("GET", url + "/d/static/")
             check(status == 401, f"no token: HTTP {status}")
-            # The gateway's load reached the server's autoscaler: the requests are in /metrics.
-            status, text = http("GET", url + "/metrics")
+            # Its metrics name every team's deployments: an admin's token only.
+            status, _ = http("GET", url + "/metrics", token=alice)
+            check(status == 403, f"a user reading the gateway's metrics: HTTP {status}")
+            status, text = http("GET", url + "/metrics", token=cluster.admin_token)
             check(status == 200 and 'deployment="static"' in text, f"gateway metrics: {status}")
         finally:
             gateway.stop()
