@@ -381,7 +381,8 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   // From Stop(): an idle connection is closed now, a busy one after its answer.
   void Shutdown() {
     asio::post(client_.get_executor(), [self = shared_from_this()] {
-      if (self->idle_) self->client_.socket().cancel();
+      beast::error_code ignored;
+      if (self->idle_) self->client_.socket().cancel(ignored);
     });
   }
 
