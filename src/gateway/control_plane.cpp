@@ -38,6 +38,7 @@ std::vector<Route> RoutesOf(const api::EndpointSet& set) {
     route.team = deployment.team;
     route.model_names = deployment.models;
     route.llm = deployment.routing == "endpoint_picker";
+    route.policy = serving::ParseRoutingPolicy(deployment.routing);
     for (const api::EndpointInfo& endpoint : deployment.endpoints) {
       if (endpoint.port <= 0 || endpoint.port > 65535) continue;
       route.endpoints.push_back(

@@ -734,6 +734,7 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
       states.push_back(std::move(endpoint_state));
     }
     serving::PickerConfig config = gateway_.options.picker;
+    if (state.route.policy) config.policy = *state.route.policy;
     if (state.route.llm) config.policy = serving::RoutingPolicy::kEndpointPicker;
     serving::PickRequest request;
     request.model = model_.empty() ? deployment_ : model_;

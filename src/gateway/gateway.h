@@ -36,6 +36,8 @@ struct Route {
   std::vector<std::string> model_names;
   std::vector<Endpoint> endpoints;  // the ready ones
   bool llm = false;  // scrape the replicas' vLLM metrics and route with the endpoint picker
+  // This route's replica choice (a deployment's `routing`); unset: the gateway's policy.
+  std::optional<serving::RoutingPolicy> policy;
 };
 
 struct Caller {

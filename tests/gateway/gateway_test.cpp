@@ -288,6 +288,24 @@ TEST(GatewayRouting, PrefixIsStrippedBeforeForwarding) {
             2);
 }
 
+// A deployment's own `routing` beats the gateway's policy: round robin alternates strictly,
+// which least outstanding with its random draws between idle replicas does not.
+TEST(GatewayRouting, ARouteMayChooseItsOwnPolicy) {
+  Backend a(Echo("a"));
+  Backend b(Echo("b"));
+  GatewayOptions options = TestOptions();
+  options.picker.policy = serving::RoutingPolicy::kLeastOutstanding;
+  auto gateway = StartGateway(options);
+  Route route = MakeRoute("pair", {a.endpoint("r1"), b.endpoint("r2")});
+  route.policy = serving::RoutingPolicy::kRoundRobin;
+  gateway->SetRoutes({route});
+  Client client(gateway->port());
+  std::string seen;
+  for (int i = 0; i < 12; ++i)
+    seen += client.Send(http::verb::get, "/d/pair/").body.substr(0, 1);
+  EXPECT_TRUE(seen == "abababababab" || seen == "babababababa") << seen;
+}
+
 TEST(GatewayRouting, HostFirstLabelOrWholeHost) {
   Backend a(Echo("a"));
   Backend b(Echo("b"));
