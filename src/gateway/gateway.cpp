@@ -136,6 +136,10 @@ struct CachedCaller {
 };
 
 struct EndpointHealth {
+  // Whose replica it is and its id: a draining replica left the routes, but its requests in
+  // flight are still reported, so the control plane stops it only once they are done.
+  std::string deployment;
+  std::string id;
   int consecutive_failures = 0;
   int ejections = 0;
   Clock::time_point ejected_until{};
@@ -751,7 +755,10 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
     Choice choice{chosen, EndpointKey(chosen)};
     state.LoadChanging(now);
     ++state.in_flight;
-    ++gateway_.endpoints[choice.key].in_flight;
+    EndpointHealth& health = gateway_.endpoints[choice.key];
+    health.deployment = deployment_;
+    health.id = chosen.id;
+    ++health.in_flight;
     return choice;
   }
 
@@ -1761,6 +1768,9 @@ std::vector<Gateway::DeploymentLoad> Gateway::TakeLoad() {
       load.in_flight_by_endpoint[endpoint.id] =
           found == impl_->endpoints.end() ? 0 : found->second.in_flight;
     }
+    for (const auto& [key, health] : impl_->endpoints)
+      if (health.deployment == name && health.in_flight > 0)
+        load.in_flight_by_endpoint[health.id] = health.in_flight;
     state.load_area_ms = 0;
     state.arrivals = 0;
     state.load_interval_start = now;

@@ -673,6 +673,12 @@ TEST(GatewayDraining, DrainingEndpointFinishesItsRequestAndGetsNoNew) {
   auto loads = gateway->TakeLoad();
   ASSERT_EQ(loads.size(), 1u);
   EXPECT_EQ(loads[0].in_flight_by_endpoint["a"], 1);
+  // Gone from the routes altogether (the control plane's drain): its request is still reported,
+  // so the replica is not stopped under it.
+  gateway->SetRoutes({MakeRoute("echo", {b.endpoint("b")})});
+  loads = gateway->TakeLoad();
+  ASSERT_EQ(loads.size(), 1u);
+  EXPECT_EQ(loads[0].in_flight_by_endpoint["a"], 1);
   release.set_value();
   ASSERT_EQ(held.wait_for(kGuard), std::future_status::ready);
   Reply reply = held.get();
