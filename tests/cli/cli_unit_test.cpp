@@ -10,6 +10,7 @@
 
 #include "cli/client.h"
 #include "cli/cluster_commands.h"
+#include "cli/deployment_commands.h"
 #include "cli/job_commands.h"
 #include "cli/table.h"
 
@@ -465,6 +466,49 @@ TEST(Table, JobsShowReasonOnlyWhenItMatters) {
       << table;
   EXPECT_NE(table.find("xxx...\n"), std::string::npos) << table;
   EXPECT_EQ(table.find("should not show"), std::string::npos) << table;
+}
+
+TEST(Table, DeploymentsAndShow) {
+  const TimeMs now = 1'700'000'000'000;
+  api::DeploymentRecord record;
+  record.name = "tiny-llm";
+  record.team = "vision";
+  record.user = "alice";
+  record.created_ms = now - 120'000;
+  record.spec.command = {"python3", "serve.py"};
+  record.spec.gpu_milli_per_replica = 500;
+  record.spec.min_replicas = 0;
+  record.spec.max_replicas = 3;
+  record.spec.autoscaling.target = 4;
+  record.generation = 2;
+  record.desired_replicas = 2;
+  record.ready_replicas = 1;
+  record.desired_reason = "panic mode";
+  api::ReplicaStatus ready;
+  ready.job_id = 7;
+  ready.generation = 2;
+  ready.state = "ready";
+  ready.node = "gpu-01";
+  ready.host = "10.0.0.1";
+  ready.port = 30123;
+  ready.created_ms = now - 60'000;
+  api::ReplicaStatus pending = ready;
+  pending.job_id = 8;
+  pending.state = "pending";
+  pending.node = "";
+  pending.port = 0;
+  record.replicas = {ready, pending};
+  const std::string table = DeploymentsTable({record}, now);
+  EXPECT_NE(table.find("tiny-llm  vision    1/2  0-3 (concurrency 4)           0.5  "
+                       "least_outstanding    2   2m  panic mode"),
+            std::string::npos)
+      << table;
+  const std::string shown = ShowDeployment(record, now);
+  EXPECT_NE(shown.find("Replicas:     1 ready of 2 wanted (panic mode)"), std::string::npos)
+      << shown;
+  EXPECT_NE(shown.find("  7    2  ready    gpu-01  10.0.0.1:30123  60s"), std::string::npos)
+      << shown;
+  EXPECT_NE(shown.find("  8    2  pending  -       -"), std::string::npos) << shown;
 }
 
 TEST(Table, NodesAndTop) {
