@@ -157,11 +157,15 @@ std::vector<uint64_t> HashPrompt(std::string_view model, std::string_view prompt
   std::vector<uint64_t> hashes;
   if (block_size == 0 || prompt.size() < block_size) return hashes;
   const size_t blocks = std::min(prompt.size() / block_size, max_blocks);
-  hashes.reserve(blocks + 1);
-  // Different models share no cache, so the model seeds the chain.
-  hashes.push_back(Fnv1a(model));
-  for (size_t i = 0; i < blocks; ++i)
-    hashes.push_back(ChainHash(prompt.substr(i * block_size, block_size), hashes.back()));
+  hashes.reserve(blocks);
+  // Different models share no cache, so the model seeds the chain. The seed is no block of the
+  // prompt: were it one, every endpoint that ever served the model would match it, and the
+  // prefix scorer would favour them over idle ones for prompts no one has cached.
+  uint64_t previous = Fnv1a(model);
+  for (size_t i = 0; i < blocks; ++i) {
+    previous = ChainHash(prompt.substr(i * block_size, block_size), previous);
+    hashes.push_back(previous);
+  }
   return hashes;
 }
 

@@ -73,8 +73,9 @@ struct PickerConfig {
   double lora_weight = 1;
 };
 
-// Prompt blocks hashed in a chain: hash 0 is the model's, block i's covers its bytes and hash
-// i-1, so equal hashes mean equal prefixes. A last partial block is left out.
+// Prompt blocks hashed in a chain: block i's hash covers its bytes and block i-1's hash (block
+// 0's, the model's name), so equal hashes mean equal prefixes of the same model. One hash per
+// whole block; a last partial block is left out.
 std::vector<uint64_t> HashPrompt(std::string_view model, std::string_view prompt, size_t block_size,
                                  size_t max_blocks);
 

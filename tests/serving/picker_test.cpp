@@ -1,6 +1,7 @@
 #include "serving/picker.h"
 
 #include <random>
+#include <set>
 
 #include <gtest/gtest.h>
 
@@ -158,35 +159,59 @@ TEST(Picker, LoraAffinity) {
 
 TEST(PromptHash, ChainedBlocks) {
   auto a = HashPrompt("m", "aaaabbbbcc", 4, 256);
-  ASSERT_EQ(a.size(), 3u);  // the model's, then two whole blocks; "cc" is left out
+  ASSERT_EQ(a.size(), 2u);  // two whole blocks; "cc" is left out
   auto b = HashPrompt("m", "aaaabbbbdddd", 4, 256);
-  ASSERT_EQ(b.size(), 4u);
+  ASSERT_EQ(b.size(), 3u);
+  EXPECT_EQ(a[0], b[0]);
   EXPECT_EQ(a[1], b[1]);
-  EXPECT_EQ(a[2], b[2]);
   // The same block after a different prefix hashes differently.
   auto c = HashPrompt("m", "zzzzbbbb", 4, 256);
-  EXPECT_NE(c[2], a[2]);
-  EXPECT_NE(HashPrompt("other", "aaaa", 4, 256)[1], a[1]);
+  EXPECT_NE(c[1], a[1]);
+  EXPECT_NE(HashPrompt("other", "aaaa", 4, 256)[0], a[0]);
   EXPECT_TRUE(HashPrompt("m", "abc", 4, 256).empty());
-  EXPECT_EQ(HashPrompt("m", std::string(100, 'x'), 4, 5).size(), 6u);
+  EXPECT_EQ(HashPrompt("m", std::string(100, 'x'), 4, 5).size(), 5u);
 }
 
 TEST(PrefixIndexTest, LongestMatchAndLruBound) {
   PrefixIndex index;
-  auto hashes = HashPrompt("m", "aaaabbbbccccdddd", 4, 256);  // 5 hashes
+  auto hashes = HashPrompt("m", "aaaabbbbccccdddd", 4, 256);  // 4 blocks
   index.Add(hashes, "a", 100);
   auto shorter = HashPrompt("m", "aaaabbbbxxxx", 4, 256);
   index.Add(shorter, "b", 100);
   auto matched = index.Match(hashes);
-  EXPECT_EQ(matched["a"], 5u);
-  EXPECT_EQ(matched["b"], 3u);  // model + aaaa + bbbb
+  EXPECT_EQ(matched["a"], 4u);
+  EXPECT_EQ(matched["b"], 2u);  // aaaa + bbbb
   // Capacity 3: the oldest blocks of "c" go first.
   index.Add(hashes, "c", 3);
   EXPECT_EQ(index.BlocksOf("c"), 3u);
   EXPECT_EQ(index.Match(hashes).count("c"), 0u);  // its first blocks were evicted
   index.RetainOnly({"b"});
   EXPECT_EQ(index.Match(hashes).count("a"), 0u);
-  EXPECT_EQ(index.Match(hashes)["b"], 3u);
+  EXPECT_EQ(index.Match(hashes)["b"], 2u);
+}
+
+// Having served the model before is no prefix match: a prompt that shares no block with what
+// an endpoint served gives it no credit, so idle endpoints tie and the draw spreads new prompts
+// instead of piling them on the endpoints that served first.
+TEST(PrefixIndexTest, AnUnrelatedPromptOfTheSameModelMatchesNothing) {
+  PrefixIndex index;
+  index.Add(HashPrompt("m", "aaaabbbbcccc", 4, 256), "a", 100);
+  EXPECT_TRUE(index.Match(HashPrompt("m", "xxxxyyyyzzzz", 4, 256)).empty());
+
+  PickerState state;
+  const PickerConfig config = Picker();
+  std::vector<EndpointState> endpoints = {Fresh("a", 0, 0.1), Fresh("b", 0, 0.1)};
+  RecordPick(state, ChooseEndpoint(state, endpoints, {"m", "", "aaaabbbbcccc"}, config, 1000, 0),
+             "a", config);
+  std::set<size_t> picked;
+  for (uint64_t r = 0; r < 8; ++r)
+    picked.insert(
+        ChooseEndpoint(state, endpoints, {"m", "", "xxxxyyyyzzzz"}, config, 1000, r).index);
+  EXPECT_EQ(picked, (std::set<size_t>{0, 1}));
+  // While a prompt that "a" has served still goes there.
+  for (uint64_t r = 0; r < 8; ++r)
+    EXPECT_EQ(ChooseEndpoint(state, endpoints, {"m", "", "aaaabbbbcccc"}, config, 1000, r).index,
+              0u);
 }
 
 TEST(VllmMetrics, Parses) {
