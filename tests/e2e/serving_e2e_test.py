@@ -7,7 +7,9 @@ python3-torch); requests go through the gateway's OpenAI API with a platform tok
 - load spreads over 3 replicas; a replica killed mid-stream fails only its own streams and the
   next requests go elsewhere;
 - scale down drains and a rolling update replaces every replica under constant load, and not
-  one request fails.
+  one request fails;
+- a real Prometheus scraping a server and a gateway answers every query of
+  deploy/grafana/gpufleet-serving.json with data.
 
 Usage: serving_e2e_test.py path/to/gpufleet [test-name ...]"""
 
@@ -21,10 +23,12 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 from http.client import HTTPConnection, HTTPException
 
-from e2e_testlib import (Cluster, Process, api, check, http, kill_recorded_workloads, run_tests,
-                         wait_until)
+from e2e_testlib import (Cluster, Process, api, check, die_with_parent, http,
+                         kill_recorded_workloads, run_tests, wait_until)
+from agent_testlib import free_port
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 SERVER_SCRIPT = os.path.join(REPO, "examples", "model-server", "gpufleet_reference_server.py")
@@ -392,10 +396,142 @@ def test_gateway_of_a_server_and_agents(gpufleet):
             gateway.stop()
 
 
+# A replica for the dashboard test: plain answers, an SSE stream (the gateway's TTFT histogram
+# counts text/event-stream answers only) and 503s (upstream errors, retries and ejections).
+DASHBOARD_REPLICA = r"""
+import http.server, os
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        status, kind, body = 200, "text/plain", b"ok\n"
+        if self.path.startswith("/fail"):
+            status, body = 503, b"unavailable\n"
+        elif self.path.startswith("/stream"):
+            kind, body = "text/event-stream", b"data: {}\n\ndata: [DONE]\n\n"
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer((os.environ["HOST"], int(os.environ["PORT"])),
+                                Handler).serve_forever()
+"""
+
+
+def prometheus_query(url, expression):
+    status, text = http("GET", url + "/api/v1/query?" +
+                        urllib.parse.urlencode({"query": expression}), timeout=5)
+    check(status == 200, f"query {expression}: HTTP {status}: {text}")
+    answer = json.loads(text)
+    check(answer.get("status") == "success", f"query {expression}: {answer}")
+    return answer["data"]["result"]
+
+
+def test_serving_dashboard_in_prometheus(gpufleet):
+    """A real Prometheus (Debian's) scrapes a server and a `gpufleet gateway --server` carrying
+    plain, streamed and failing requests: every query of deploy/grafana/gpufleet-serving.json is
+    valid PromQL that returns data, with the gateway and the server as two scrape jobs."""
+    prometheus = "/usr/bin/prometheus"
+    check(os.access(prometheus, os.X_OK),
+          f"{prometheus} is missing (Debian package 'prometheus'; `make deps` installs it)")
+    with Cluster(gpufleet, "serving-dashboard") as cluster:
+        cluster.start_server()
+        cluster.start_agent("node-a")
+        gateway_token = cluster.token("gw-1", "", "gateway")
+        token_file = os.path.join(cluster.root, "gateway.token")
+        with open(token_file, "w") as file:
+            file.write(gateway_token + "\n")
+        gateway = Process([gpufleet, "gateway", "--server", cluster.url, "--token-file",
+                           token_file, "--listen", "127.0.0.1:0", "--eject-after", "2"],
+                          os.path.join(cluster.root, "gateway.log"), "gateway")
+        server = None
+        try:
+            url = gateway.read_until(r"listening on (http://[\d.:]+)").group(1)
+            alice = cluster.token("alice", "vision")
+            status, body = api(cluster.url, alice, "POST", "/api/v1/deployments", {
+                "name": "chat", "gpus": 1, "min_replicas": 2, "max_replicas": 2,
+                "readiness_path": "/", "command": ["python3", "-c", DASHBOARD_REPLICA]})
+            check(status == 201, f"deploy: HTTP {status}: {body}")
+            wait_until(lambda: api(cluster.url, alice, "GET", "/api/v1/deployments/chat")[1]
+                       .get("ready_replicas") == 2, 60, "2 ready replicas")
+            wait_until(lambda: http("GET", url + "/d/chat/", token=alice)[0] == 200, 30,
+                       "the gateway routing to chat")
+
+            config = os.path.join(cluster.root, "prometheus.yml")
+            port = free_port()
+            with open(config, "w") as file:
+                file.write(f"""global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+scrape_configs:
+  - job_name: gpufleet-server
+    static_configs:
+      - targets: ['{cluster.url.removeprefix("http://")}']
+  - job_name: gateway
+    static_configs:
+      - targets: ['{url.removeprefix("http://")}']
+""")
+            log = open(os.path.join(cluster.root, "prometheus.log"), "wb")
+            server = subprocess.Popen(
+                [prometheus, f"--config.file={config}",
+                 f"--storage.tsdb.path={os.path.join(cluster.root, 'tsdb')}",
+                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+                stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+            prom = f"http://127.0.0.1:{port}"
+
+            def prometheus_ready():
+                try:
+                    return http("GET", prom + "/-/ready", timeout=2)[0] == 200
+                except OSError:
+                    return False
+
+            wait_until(prometheus_ready, 30, "Prometheus ready")
+            deadline = time.time() + 20
+            while True:
+                # Traffic all along, so that every rate sees it between two scrapes.
+                for path in ("/d/chat/", "/d/chat/stream", "/d/chat/fail"):
+                    http("GET", url + path, token=alice)
+                if time.time() > deadline:
+                    check(False, "three scrapes of each job in Prometheus")
+                counts = prometheus_query(prom, "count_over_time(up[1m]) >= 4")
+                if len(counts) == 2:
+                    break
+                time.sleep(0.2)
+            path = os.path.join(REPO, "deploy", "grafana", "gpufleet-serving.json")
+            with open(path) as file:
+                dashboard = json.load(file)
+            queried = 0
+            for panel in dashboard["panels"]:
+                for target in panel.get("targets", []):
+                    expression = target["expr"].replace("$deployment", ".*")
+                    result = prometheus_query(prom, expression)
+                    check(result and any(entry["value"][1] != "NaN" for entry in result),
+                          f"dashboard panel '{panel['title']}': no data for {expression}: "
+                          f"{result}")
+                    queried += 1
+            check(queried >= 20, f"only {queried} dashboard queries")
+            # The job names of deploy/prometheus/prometheus.yml.
+            with open(os.path.join(REPO, "deploy", "prometheus", "prometheus.yml")) as file:
+                shipped = file.read()
+            for job in ("gpufleet-server", "gateway"):
+                check(f"job_name: {job}\n" in shipped, f"prometheus.yml has no job {job}")
+        finally:
+            if server:
+                server.terminate()
+                try:
+                    server.wait(10)
+                except subprocess.TimeoutExpired:
+                    server.kill()
+            gateway.stop()
+
+
 TESTS = [test_scale_from_zero_and_refusals,
          test_gateway_of_a_server_and_agents,
          test_load_spreads_and_a_killed_replica_fails_only_its_own,
-         test_scale_down_and_rolling_update_lose_nothing]
+         test_scale_down_and_rolling_update_lose_nothing,
+         test_serving_dashboard_in_prometheus]
 
 if __name__ == "__main__":
     wanted = sys.argv[2:]
