@@ -17,8 +17,10 @@ and only llm routes are scraped and have their prompt read. So round_robin and
 least_outstanding run on a plain route (`llm: false`) with `--policy` set, and endpoint_picker
 on an `llm: true` route.
 
-    python3 bench/routing_measure.py --gpufleet build/gpufleet [--rate 4] [--duration 60]
-        [--repetitions 1] [--json out.json]
+    python3 bench/routing_measure.py --gpufleet build/gpufleet [--rate 4] [--groups 16]
+        [--duration 60] [--repetitions 3] [--json out.json] [-- reference-server flags]
+
+docs/benchmarks.md ("Routing quality") records the figures and how to read them.
 
 Loopback only; every process it starts is stopped on exit, Ctrl-C or failure.
 """
@@ -254,7 +256,7 @@ def main():
     parser.add_argument("--python", default="/usr/bin/python3",
                         help="interpreter with torch, for the reference server")
     parser.add_argument("--replicas", type=int, default=4)
-    parser.add_argument("--groups", type=int, default=12)
+    parser.add_argument("--groups", type=int, default=16)
     parser.add_argument("--prefix-tokens", type=int, default=1500,
                         help="shared prefix length (the server's tokens are bytes)")
     parser.add_argument("--suffix-tokens", type=int, default=48)
@@ -267,7 +269,7 @@ def main():
                         help="seconds to wait for outstanding requests after the last arrival")
     parser.add_argument("--request-timeout", type=float, default=90.0)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--repetitions", type=int, default=1,
+    parser.add_argument("--repetitions", type=int, default=3,
                         help="rounds of the three policies, interleaved")
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--json", help="write every run's figures here")
