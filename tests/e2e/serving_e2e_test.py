@@ -459,6 +459,10 @@ def test_serving_dashboard_in_prometheus(gpufleet):
             wait_until(lambda: http("GET", url + "/d/chat/", token=alice)[0] == 200, 30,
                        "the gateway routing to chat")
 
+            # The gateway's metrics name every team's deployments: an admin's token only.
+            admin_token_file = os.path.join(cluster.root, "prometheus-gateway.token")
+            with open(admin_token_file, "w") as file:
+                file.write(cluster.admin_token + "\n")
             config = os.path.join(cluster.root, "prometheus.yml")
             port = free_port()
             with open(config, "w") as file:
@@ -470,6 +474,8 @@ scrape_configs:
     static_configs:
       - targets: ['{cluster.url.removeprefix("http://")}']
   - job_name: gateway
+    authorization:
+      credentials_file: {admin_token_file}
     static_configs:
       - targets: ['{url.removeprefix("http://")}']
 """)
