@@ -1701,6 +1701,11 @@ void Gateway::SetRoutes(std::vector<Route> routes) {
     std::set<std::string> named;
     std::set<std::string> endpoint_keys;
     for (Route& route : routes) {
+      // The endpoint picker needs the replicas' metrics and the prompt: an llm route, whichever
+      // way it was asked for.
+      if (route.policy.value_or(impl_->options.picker.policy) ==
+          serving::RoutingPolicy::kEndpointPicker)
+        route.llm = true;
       named.insert(route.deployment);
       auto& state = impl_->deployments[route.deployment];
       std::set<std::string> ids;

@@ -688,7 +688,9 @@ TEST(GatewayDraining, DrainingEndpointFinishesItsRequestAndGetsNoNew) {
 
 // An llm route: the gateway reads each replica's vLLM metrics and the endpoint picker leaves out
 // the one whose KV cache is nearly full.
-TEST(GatewayPicker, ScrapedMetricsSteerLlmRequests) {
+// An llm route, or any route whose policy is the endpoint picker (the gateway's --policy, or the
+// deployment's routing), is scraped and picked by its metrics alike.
+void ScrapedMetricsSteer(bool llm_route, bool route_policy) {
   auto vllm = [](std::string name, int waiting, double kv) {
     return [name, waiting, kv](const BackendRequest& request, BackendConnection& connection) {
       if (request.target == "/metrics") {
@@ -706,9 +708,11 @@ TEST(GatewayPicker, ScrapedMetricsSteerLlmRequests) {
   Backend roomy(vllm("roomy", 3, 0.2));
   GatewayOptions options = TestOptions();
   options.scrape_interval = std::chrono::milliseconds(1);
+  if (!llm_route && !route_policy) options.picker.policy = serving::RoutingPolicy::kEndpointPicker;
   auto gateway = StartGateway(options);
   Route route = MakeRoute("llama", {full.endpoint("full"), roomy.endpoint("roomy")});
-  route.llm = true;
+  route.llm = llm_route;
+  if (route_policy) route.policy = serving::RoutingPolicy::kEndpointPicker;
   gateway->SetRoutes({route});
   // A second scrape starts only after the first was stored.
   auto scrapes = [](Backend& backend) {
@@ -717,8 +721,10 @@ TEST(GatewayPicker, ScrapedMetricsSteerLlmRequests) {
       count += request.target == "/metrics";
     return count;
   };
-  while (scrapes(full) < 2 || scrapes(roomy) < 2)
+  const auto deadline = std::chrono::steady_clock::now() + kGuard;
+  while ((scrapes(full) < 2 || scrapes(roomy) < 2) && std::chrono::steady_clock::now() < deadline)
     std::this_thread::yield();
+  ASSERT_GE(scrapes(full), 2) << "the route's replicas were never scraped";
   Client client(gateway->port());
   for (int i = 0; i < 6; ++i)
     EXPECT_EQ(client
@@ -726,6 +732,14 @@ TEST(GatewayPicker, ScrapedMetricsSteerLlmRequests) {
                         fmt::format(R"({{"model":"llama","prompt":"question {}"}})", i))
                   .body,
               "roomy");
+}
+
+TEST(GatewayPicker, ScrapedMetricsSteerLlmRequests) {
+  ScrapedMetricsSteer(true, false);
+}
+TEST(GatewayPicker, TheEndpointPickerPolicyMakesAPlainRouteAnLlmOne) {
+  ScrapedMetricsSteer(false, false);
+  ScrapedMetricsSteer(false, true);
 }
 
 TEST(GatewayResilience, ReplicaSilentPastTheRequestTimeoutIs504) {
