@@ -724,7 +724,7 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   }
 
   void AbortUpstream() {
-    timer_.cancel();
+    DisarmTimer();
     if (auto connector = connector_.lock()) connector->Cancel();
     beast::error_code ignored;
     if (upstream_) upstream_->close(ignored);
@@ -974,14 +974,34 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
     StreamWrite();
   }
 
+  // The upstream's deadline, moved at every step of an exchange (several a request). One wait
+  // stays pending and is re-armed only when it fires before the deadline that was moved on
+  // meanwhile, or when a deadline comes before it: moving a time point is cheaper than
+  // cancelling and re-arming the timer, which runs the cancelled wait's handler each time.
   void ArmTimer(std::chrono::milliseconds after) {
     timed_out_ = false;
-    timer_.expires_after(after);
-    // A handler already queued when the timer was re-armed or cancelled must not fire for a
-    // later step: it checks the generation it was armed in.
+    deadline_ = Clock::now() + after;
+    timer_armed_ = true;
+    if (timer_waiting_ && timer_.expiry() <= deadline_) return;
+    WaitForDeadline();
+  }
+
+  // Lazily: a pending wait that fires finds nothing armed.
+  void DisarmTimer() { timer_armed_ = false; }
+
+  void WaitForDeadline() {
+    timer_.expires_at(deadline_);  // a pending wait ends with operation_aborted
+    timer_waiting_ = true;
+    // A handler already queued when the wait was replaced must not act: it checks the
+    // generation it was started in. Weak: a wait left pending does not keep the session.
     const uint64_t generation = ++timer_generation_;
-    timer_.async_wait([self = shared_from_this(), generation](beast::error_code error) {
-      if (error || generation != self->timer_generation_) return;
+    timer_.async_wait([weak = weak_from_this(), generation](beast::error_code error) {
+      const auto self = weak.lock();
+      if (!self || generation != self->timer_generation_) return;
+      self->timer_waiting_ = false;
+      if (error || !self->timer_armed_) return;
+      if (Clock::now() < self->deadline_) return self->WaitForDeadline();
+      self->timer_armed_ = false;
       self->timed_out_ = true;
       beast::error_code ignored;
       if (self->upstream_) self->upstream_->close(ignored);
@@ -1220,7 +1240,7 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
     }
     if (serializer_ ? !serializer_->is_done() : response_.body().more) return RelayRead();
     // The whole answer is out.
-    timer_.cancel();
+    DisarmTimer();
     UpstreamDone(true);
   }
 
@@ -1230,13 +1250,12 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
     const bool reusable = upstream_parser_->keep_alive() && !upstream_parser_->need_eof() &&
                           upstream_buffer_.size() == 0;
     if (!reusable || !upstream_) return;
-    timer_.cancel();
+    DisarmTimer();
     gateway_.GiveIdle(choice_.address, std::move(upstream_));
   }
 
   void CloseUpstream() {
-    ++timer_generation_;
-    timer_.cancel();
+    DisarmTimer();
     if (!upstream_) return;
     beast::error_code ignored;
     upstream_->shutdown(tcp::socket::shutdown_both, ignored);
@@ -1479,8 +1498,11 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   Strand strand_;
   Impl& gateway_;
   const uint64_t id_;
-  asio::steady_timer timer_;  // the upstream's deadlines
+  asio::steady_timer timer_;  // the upstream's deadlines (ArmTimer)
   uint64_t timer_generation_ = 0;
+  Clock::time_point deadline_{};
+  bool timer_armed_ = false;       // deadline_ applies
+  bool timer_waiting_ = false;     // a wait is pending on timer_
   asio::steady_timer wait_timer_;  // the buffer timeout
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
