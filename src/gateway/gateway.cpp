@@ -35,7 +35,10 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = asio::ip::tcp;
 using Clock = std::chrono::steady_clock;
-using Strand = asio::strand<asio::io_context::executor_type>;
+// What a connection's handlers run on: a strand of the io_context, or with one io thread the
+// io_context itself (its handlers are serial already; a strand then only adds a lock, a queue and
+// a heap-allocated copy of itself for every operation's work tracking).
+using Serial = asio::any_io_executor;
 
 constexpr auto kLingerTime = std::chrono::seconds(1);
 constexpr size_t kUpstreamHeaderLimit = size_t{64} << 10;
@@ -229,10 +232,14 @@ struct Gateway::Impl {
       : options(std::move(gateway_options)),
         blocking(2),
         ioc(std::max(1, options.io_threads)),
-        acceptor(asio::make_strand(ioc)),
-        scrape_strand(asio::make_strand(ioc)),
+        acceptor(MakeSerial()),
+        scrape_strand(MakeSerial()),
         scrape_timer(scrape_strand) {}
 
+  Serial MakeSerial() {
+    if (options.io_threads <= 1) return ioc.get_executor();
+    return asio::make_strand(ioc);
+  }
   void Accept();
   void Forget(uint64_t id);
   void ScrapeTick();
@@ -290,7 +297,7 @@ struct Gateway::Impl {
   // Declared after what sessions touch when they are destroyed with the io_context.
   asio::io_context ioc;
   tcp::acceptor acceptor;
-  Strand scrape_strand;
+  Serial scrape_strand;
   asio::steady_timer scrape_timer;
   tcp::endpoint endpoint;
   std::vector<std::thread> threads;
@@ -305,7 +312,7 @@ using Impl = Gateway::Impl;
 class Connector : public std::enable_shared_from_this<Connector> {
  public:
   using Done = std::function<void(beast::error_code, std::unique_ptr<tcp::socket>, bool reused)>;
-  Connector(Impl& gateway, Strand strand, std::string host, uint16_t port, bool allow_reuse,
+  Connector(Impl& gateway, Serial strand, std::string host, uint16_t port, bool allow_reuse,
             Done done)
       : gateway_(gateway),
         strand_(strand),
@@ -387,7 +394,7 @@ class Connector : public std::enable_shared_from_this<Connector> {
   }
 
   Impl& gateway_;
-  Strand strand_;
+  Serial strand_;
   tcp::resolver resolver_;
   asio::steady_timer timer_;
   std::string host_;
@@ -403,7 +410,7 @@ class Connector : public std::enable_shared_from_this<Connector> {
 // strand.
 class ClientSession : public std::enable_shared_from_this<ClientSession> {
  public:
-  ClientSession(tcp::socket socket, Strand strand, Impl& gateway, uint64_t id)
+  ClientSession(tcp::socket socket, Serial strand, Impl& gateway, uint64_t id)
       : client_(std::move(socket)),
         strand_(std::move(strand)),
         gateway_(gateway),
@@ -426,7 +433,7 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
 
  private:
   // The strand client_ was accepted on: every handler below runs on it.
-  Strand Exec() { return strand_; }
+  Serial Exec() { return strand_; }
 
   void ReadHeader() {
     if (gateway_.stopping) return Close();
@@ -1495,7 +1502,7 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   }
 
   beast::tcp_stream client_;
-  Strand strand_;
+  Serial strand_;
   Impl& gateway_;
   const uint64_t id_;
   asio::steady_timer timer_;  // the upstream's deadlines (ArmTimer)
@@ -1566,7 +1573,7 @@ class Scraper : public std::enable_shared_from_this<Scraper> {
  public:
   Scraper(Impl& gateway, std::string key, Endpoint endpoint)
       : gateway_(gateway),
-        strand_(asio::make_strand(gateway.ioc)),
+        strand_(gateway.MakeSerial()),
         timer_(strand_),
         key_(std::move(key)),
         endpoint_(std::move(endpoint)) {}
@@ -1628,7 +1635,7 @@ class Scraper : public std::enable_shared_from_this<Scraper> {
   }
 
   Impl& gateway_;
-  Strand strand_;
+  Serial strand_;
   asio::steady_timer timer_;
   std::string key_;
   Endpoint endpoint_;
@@ -1641,7 +1648,7 @@ class Scraper : public std::enable_shared_from_this<Scraper> {
 }  // namespace
 
 void Gateway::Impl::Accept() {
-  Strand strand = asio::make_strand(ioc);
+  Serial strand = MakeSerial();
   acceptor.async_accept(strand, [this, strand](beast::error_code error, tcp::socket socket) {
     if (stopping || !acceptor.is_open()) return;
     if (!error) {
