@@ -6,8 +6,12 @@ the backend, one worker/thread each, pinned to the same CPU; wrk and the backend
 CPU(s). Each proxy gets the same wrk run (threads, connections, duration); the table and the
 ratios to the gateway go to stdout (docs/benchmarks.md records them).
 
-    python3 bench/gateway_measure.py --gpufleet build/gpufleet [--connections 32] [--duration 10]
-        [--rounds 3]
+    python3 bench/gateway_measure.py --gpufleet build-release/gpufleet [--connections 32]
+        [--duration 10] [--rounds 3]
+
+The gateway binary is whichever --gpufleet names: measure a Release build (-O3, as nginx and
+HAProxy are built optimised), e.g. `cmake -S . -B build-release -G Ninja
+-DCMAKE_BUILD_TYPE=Release && cmake --build build-release -j2 --target gpufleet`.
 
 Needs wrk, nginx and haproxy on PATH (Debian: apt-get install wrk nginx-light haproxy).
 """

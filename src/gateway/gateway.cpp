@@ -1,6 +1,7 @@
 #include "gateway/gateway.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -34,7 +35,10 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = asio::ip::tcp;
 using Clock = std::chrono::steady_clock;
-using Strand = asio::strand<asio::io_context::executor_type>;
+// What a connection's handlers run on: a strand of the io_context, or with one io thread the
+// io_context itself (its handlers are serial already; a strand then only adds a lock, a queue and
+// a heap-allocated copy of itself for every operation's work tracking).
+using Serial = asio::any_io_executor;
 
 constexpr auto kLingerTime = std::chrono::seconds(1);
 constexpr size_t kUpstreamHeaderLimit = size_t{64} << 10;
@@ -86,6 +90,30 @@ std::string EndpointKey(const Endpoint& endpoint) {
 
 std::string AddressKey(const std::string& host, uint16_t port) {
   return fmt::format("{}:{}", host, port);
+}
+
+// Headers a request does not take to the replica: hop-by-hop ones, the caller's gpufleet token,
+// and the length (the body's own is set).
+constexpr std::array kNotForwarded = {http::field::connection,       http::field::keep_alive,
+                                      http::field::proxy_connection, http::field::te,
+                                      http::field::trailer,          http::field::upgrade,
+                                      http::field::expect,           http::field::transfer_encoding,
+                                      http::field::authorization,    http::field::content_length};
+constexpr char kForwardedFor[] = "X-Forwarded-For";
+constexpr char kDeploymentHeader[] = "X-Gpufleet-Deployment";
+
+std::string_view Std(beast::string_view text) {
+  return {text.data(), text.size()};
+}
+
+void AppendField(std::string& out, std::string_view name, std::string_view value) {
+  out.append(name).append(": ").append(value).append("\r\n");
+}
+
+// A header's fields as HTTP text, in their order.
+void AppendFields(std::string& out, const http::fields& fields) {
+  for (const auto& field : fields)
+    AppendField(out, Std(field.name_string()), Std(field.value()));
 }
 
 // An error answer: OpenAI's shape on /v1 paths, {"error": message} elsewhere.
@@ -156,6 +184,19 @@ struct Waiter {
 
 struct DeploymentState {
   Route route;
+  // EndpointKey and AddressKey of route.endpoints, index for index: formatted once per
+  // SetRoutes, not per request.
+  std::vector<std::string> endpoint_keys;
+  std::vector<std::string> address_keys;
+  void SetRoute(Route new_route) {
+    route = std::move(new_route);
+    endpoint_keys.clear();
+    address_keys.clear();
+    for (const Endpoint& endpoint : route.endpoints) {
+      endpoint_keys.push_back(EndpointKey(endpoint));
+      address_keys.push_back(AddressKey(endpoint.host, endpoint.port));
+    }
+  }
   bool present = false;
   serving::PickerState picker;
   std::deque<std::shared_ptr<Waiter>> waiting;
@@ -195,10 +236,14 @@ struct Gateway::Impl {
       : options(std::move(gateway_options)),
         blocking(2),
         ioc(std::max(1, options.io_threads)),
-        acceptor(asio::make_strand(ioc)),
-        scrape_strand(asio::make_strand(ioc)),
+        acceptor(MakeSerial()),
+        scrape_strand(MakeSerial()),
         scrape_timer(scrape_strand) {}
 
+  Serial MakeSerial() {
+    if (options.io_threads <= 1) return ioc.get_executor();
+    return asio::make_strand(ioc);
+  }
   void Accept();
   void Forget(uint64_t id);
   void ScrapeTick();
@@ -256,7 +301,7 @@ struct Gateway::Impl {
   // Declared after what sessions touch when they are destroyed with the io_context.
   asio::io_context ioc;
   tcp::acceptor acceptor;
-  Strand scrape_strand;
+  Serial scrape_strand;
   asio::steady_timer scrape_timer;
   tcp::endpoint endpoint;
   std::vector<std::thread> threads;
@@ -271,7 +316,7 @@ using Impl = Gateway::Impl;
 class Connector : public std::enable_shared_from_this<Connector> {
  public:
   using Done = std::function<void(beast::error_code, std::unique_ptr<tcp::socket>, bool reused)>;
-  Connector(Impl& gateway, Strand strand, std::string host, uint16_t port, bool allow_reuse,
+  Connector(Impl& gateway, Serial strand, std::string host, uint16_t port, bool allow_reuse,
             Done done)
       : gateway_(gateway),
         strand_(strand),
@@ -353,7 +398,7 @@ class Connector : public std::enable_shared_from_this<Connector> {
   }
 
   Impl& gateway_;
-  Strand strand_;
+  Serial strand_;
   tcp::resolver resolver_;
   asio::steady_timer timer_;
   std::string host_;
@@ -369,7 +414,7 @@ class Connector : public std::enable_shared_from_this<Connector> {
 // strand.
 class ClientSession : public std::enable_shared_from_this<ClientSession> {
  public:
-  ClientSession(tcp::socket socket, Strand strand, Impl& gateway, uint64_t id)
+  ClientSession(tcp::socket socket, Serial strand, Impl& gateway, uint64_t id)
       : client_(std::move(socket)),
         strand_(std::move(strand)),
         gateway_(gateway),
@@ -392,7 +437,7 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
 
  private:
   // The strand client_ was accepted on: every handler below runs on it.
-  Strand Exec() { return strand_; }
+  Serial Exec() { return strand_; }
 
   void ReadHeader() {
     if (gateway_.stopping) return Close();
@@ -690,7 +735,7 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   }
 
   void AbortUpstream() {
-    timer_.cancel();
+    DisarmTimer();
     if (auto connector = connector_.lock()) connector->Cancel();
     beast::error_code ignored;
     if (upstream_) upstream_->close(ignored);
@@ -698,7 +743,8 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
 
   struct Choice {
     Endpoint endpoint;
-    std::string key;
+    std::string key;      // EndpointKey
+    std::string address;  // AddressKey: the pool's
   };
 
   // The endpoint for the next attempt; nothing and `buffer` when the deployment has no ready
@@ -708,31 +754,39 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
     buffer = false;
     auto& state = gateway_.deployments[deployment_];
     const auto now = Clock::now();
-    std::vector<const Endpoint*> ready;
-    for (const Endpoint& endpoint : state.route.endpoints)
-      if (!endpoint.draining) ready.push_back(&endpoint);
-    if (ready.empty()) {
+    const std::vector<Endpoint>& endpoints = state.route.endpoints;
+    const auto healthy = [&](size_t i) {
+      const auto found = gateway_.endpoints.find(state.endpoint_keys[i]);
+      return found == gateway_.endpoints.end() || found->second.ejected_until <= now;
+    };
+    bool any_ready = false;
+    bool any_healthy = false;
+    for (size_t i = 0; i < endpoints.size() && !any_healthy; ++i) {
+      if (endpoints[i].draining) continue;
+      any_ready = true;
+      any_healthy = healthy(i);
+    }
+    if (!any_ready) {
       buffer = tried_.empty();
       return std::nullopt;
     }
-    std::vector<const Endpoint*> healthy;
-    for (const Endpoint* endpoint : ready) {
-      const auto found = gateway_.endpoints.find(EndpointKey(*endpoint));
-      if (found == gateway_.endpoints.end() || found->second.ejected_until <= now)
-        healthy.push_back(endpoint);
+    // The ready ones not ejected; all ready ones when every one is: better to try them than to
+    // refuse everyone (Envoy's panic mode). Then those not tried for this request yet.
+    std::vector<size_t> candidates;
+    candidates.reserve(endpoints.size());
+    for (size_t i = 0; i < endpoints.size(); ++i) {
+      if (endpoints[i].draining || (any_healthy && !healthy(i))) continue;
+      if (!tried_.empty() && tried_.count(state.endpoint_keys[i])) continue;
+      candidates.push_back(i);
     }
-    // All ejected: better to try them than to refuse everyone (Envoy's panic mode).
-    if (healthy.empty()) healthy = ready;
-    std::vector<const Endpoint*> candidates;
-    for (const Endpoint* endpoint : healthy)
-      if (!tried_.count(EndpointKey(*endpoint))) candidates.push_back(endpoint);
     if (candidates.empty()) return std::nullopt;
 
     std::vector<serving::EndpointState> states;
-    for (const Endpoint* endpoint : candidates) {
+    states.reserve(candidates.size());
+    for (const size_t i : candidates) {
       serving::EndpointState endpoint_state;
-      endpoint_state.id = endpoint->id;
-      const auto& health = gateway_.endpoints[EndpointKey(*endpoint)];
+      endpoint_state.id = endpoints[i].id;
+      const auto& health = gateway_.endpoints[state.endpoint_keys[i]];
       endpoint_state.in_flight = health.in_flight;
       endpoint_state.metrics = health.metrics;
       states.push_back(std::move(endpoint_state));
@@ -750,14 +804,14 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
         std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count();
     const serving::Pick pick =
         serving::ChooseEndpoint(state.picker, states, request, config, now_ms, gateway_.random());
-    const Endpoint& chosen = *candidates[pick.index];
-    serving::RecordPick(state.picker, pick, chosen.id, config);
-    Choice choice{chosen, EndpointKey(chosen)};
+    const size_t chosen = candidates[pick.index];
+    serving::RecordPick(state.picker, pick, endpoints[chosen].id, config);
+    Choice choice{endpoints[chosen], state.endpoint_keys[chosen], state.address_keys[chosen]};
     state.LoadChanging(now);
     ++state.in_flight;
     EndpointHealth& health = gateway_.endpoints[choice.key];
     health.deployment = deployment_;
-    health.id = chosen.id;
+    health.id = endpoints[chosen].id;
     ++health.in_flight;
     return choice;
   }
@@ -783,10 +837,17 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   }
 
   void Connect() {
+    const bool allow_reuse = !force_new_connection_ && !streaming_;
+    // A pooled connection needs no connector (its resolver, timer and callback cost more than
+    // the rest of a proxied request's bookkeeping): taken here, on the strand, as
+    // Connector::Begin would.
+    if (allow_reuse) {
+      if (auto idle = gateway_.TakeIdle(choice_.address))
+        return OnConnected({}, std::move(idle), true);
+    }
     auto self = shared_from_this();
     auto connector = std::make_shared<Connector>(
-        gateway_, Exec(), choice_.endpoint.host, choice_.endpoint.port,
-        !force_new_connection_ && !streaming_,
+        gateway_, Exec(), choice_.endpoint.host, choice_.endpoint.port, allow_reuse,
         [self](beast::error_code error, std::unique_ptr<tcp::socket> socket, bool reused) {
           self->connector_.reset();
           self->OnConnected(error, std::move(socket), reused);
@@ -805,33 +866,51 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
     upstream_ = std::move(socket);
     reused_ = reused;
     upstream_buffer_.clear();
-    // The request as it goes to the replica: the target without /d/NAME, no hop-by-hop
-    // headers, and not the caller's gpufleet token.
-    upstream_request_ = {};
-    upstream_request_.base() = request_.base();
-    upstream_request_.target(forward_target_);
-    upstream_request_.version(11);
-    for (http::field field :
-         {http::field::connection, http::field::keep_alive, http::field::proxy_connection,
-          http::field::te, http::field::trailer, http::field::upgrade, http::field::expect,
-          http::field::transfer_encoding, http::field::authorization, http::field::content_length})
-      upstream_request_.erase(field);
     if (peer_address_.empty()) {
       beast::error_code ignored;
       const auto peer = client_.socket().remote_endpoint(ignored);
       peer_address_ = ignored ? "unknown" : peer.address().to_string();
     }
-    upstream_request_.set("X-Forwarded-For", peer_address_);
-    upstream_request_.set("X-Gpufleet-Deployment", deployment_);
-    upstream_request_.body() = request_.body();
-    upstream_request_.keep_alive(true);
-    if (streaming_) return SendStreamedRequest();
-    if (!request_.body().empty() || method_ == http::verb::post || method_ == http::verb::put ||
-        method_ == http::verb::patch)
-      upstream_request_.prepare_payload();
+    // The request as it goes to the replica: the target without /d/NAME, no hop-by-hop
+    // headers, and not the caller's gpufleet token.
+    if (streaming_) {
+      upstream_request_ = {};
+      upstream_request_.base() = request_.base();
+      upstream_request_.target(forward_target_);
+      upstream_request_.version(11);
+      for (const http::field field : kNotForwarded)
+        upstream_request_.erase(field);
+      upstream_request_.set(kForwardedFor, peer_address_);
+      upstream_request_.set(kDeploymentHeader, deployment_);
+      upstream_request_.keep_alive(true);
+      return SendStreamedRequest();
+    }
+    // A held body: header and body go as one gather write, the header as one piece of text
+    // (Beast's serializer makes a buffer of each field and walking those views costs more than
+    // the copy). What it writes: the fields as Beast's set() and prepare_payload() leave them.
+    std::string& head = upstream_head_;
+    head.clear();
+    head.append(Std(request_.method_string())).append(" ").append(forward_target_);
+    head.append(" HTTP/1.1\r\n");
+    for (const auto& field : request_.base()) {
+      if (std::find(kNotForwarded.begin(), kNotForwarded.end(), field.name()) !=
+              kNotForwarded.end() ||
+          beast::iequals(field.name_string(), kForwardedFor) ||
+          beast::iequals(field.name_string(), kDeploymentHeader))
+        continue;
+      AppendField(head, Std(field.name_string()), Std(field.value()));
+    }
+    AppendField(head, kForwardedFor, peer_address_);
+    AppendField(head, kDeploymentHeader, deployment_);
+    // Where Beast's prepare_payload would put one (an empty PATCH goes without).
+    if (!request_.body().empty() || method_ == http::verb::post || method_ == http::verb::put)
+      AppendField(head, "Content-Length", std::to_string(request_.body().size()));
+    head.append("\r\n");
     ArmTimer(gateway_.options.request_timeout);
-    http::async_write(
-        *upstream_, upstream_request_,
+    const std::array<asio::const_buffer, 2> pieces{asio::buffer(head),
+                                                   asio::buffer(request_.body())};
+    asio::async_write(
+        *upstream_, pieces,
         asio::bind_executor(
             Exec(), beast::bind_front_handler(&ClientSession::OnRequestSent, shared_from_this())));
   }
@@ -909,14 +988,34 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
     StreamWrite();
   }
 
+  // The upstream's deadline, moved at every step of an exchange (several a request). One wait
+  // stays pending and is re-armed only when it fires before the deadline that was moved on
+  // meanwhile, or when a deadline comes before it: moving a time point is cheaper than
+  // cancelling and re-arming the timer, which runs the cancelled wait's handler each time.
   void ArmTimer(std::chrono::milliseconds after) {
     timed_out_ = false;
-    timer_.expires_after(after);
-    // A handler already queued when the timer was re-armed or cancelled must not fire for a
-    // later step: it checks the generation it was armed in.
+    deadline_ = Clock::now() + after;
+    timer_armed_ = true;
+    if (timer_waiting_ && timer_.expiry() <= deadline_) return;
+    WaitForDeadline();
+  }
+
+  // Lazily: a pending wait that fires finds nothing armed.
+  void DisarmTimer() { timer_armed_ = false; }
+
+  void WaitForDeadline() {
+    timer_.expires_at(deadline_);  // a pending wait ends with operation_aborted
+    timer_waiting_ = true;
+    // A handler already queued when the wait was replaced must not act: it checks the
+    // generation it was started in. Weak: a wait left pending does not keep the session.
     const uint64_t generation = ++timer_generation_;
-    timer_.async_wait([self = shared_from_this(), generation](beast::error_code error) {
-      if (error || generation != self->timer_generation_) return;
+    timer_.async_wait([weak = weak_from_this(), generation](beast::error_code error) {
+      const auto self = weak.lock();
+      if (!self || generation != self->timer_generation_) return;
+      self->timer_waiting_ = false;
+      if (error || !self->timer_armed_) return;
+      if (Clock::now() < self->deadline_) return self->WaitForDeadline();
+      self->timer_armed_ = false;
       self->timed_out_ = true;
       beast::error_code ignored;
       if (self->upstream_) self->upstream_->close(ignored);
@@ -1022,9 +1121,10 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   bool HasAnotherCandidate() {
     std::lock_guard lock(gateway_.mutex);
     const auto& state = gateway_.deployments[deployment_];
-    for (const Endpoint& endpoint : state.route.endpoints) {
-      const std::string key = EndpointKey(endpoint);
-      if (!endpoint.draining && key != choice_.key && !tried_.count(key)) return true;
+    for (size_t i = 0; i < state.route.endpoints.size(); ++i) {
+      const std::string& key = state.endpoint_keys[i];
+      if (!state.route.endpoints[i].draining && key != choice_.key && !tried_.count(key))
+        return true;
     }
     return false;
   }
@@ -1032,8 +1132,13 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   void StartResponse() {
     auto& upstream = upstream_parser_->get();
     reply_status_ = static_cast<int>(upstream.result_int());
+    event_stream_ =
+        upstream[http::field::content_type].find("text/event-stream") != std::string_view::npos;
+    const bool upstream_chunked = upstream.chunked();
+    const bool upstream_has_length = upstream.has_content_length();
     response_ = {};
-    response_.base() = upstream.base();
+    // Moved, not copied: past its header the parser needs only its own flags and the body.
+    response_.base() = std::move(upstream.base());
     response_.version(version_);
     for (http::field field :
          {http::field::connection, http::field::keep_alive, http::field::proxy_connection})
@@ -1042,11 +1147,11 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
     bool keep_alive = keep_alive_ && !gateway_.stopping;
     const bool bodiless = method_ == http::verb::head || reply_status_ == 204 ||
                           reply_status_ == 304 || reply_status_ / 100 == 1;
-    if (version_ < 11 && upstream.chunked()) {
+    if (version_ < 11 && upstream_chunked) {
       // HTTP/1.0 has no chunks: the body goes as it is and the close ends it.
       response_.chunked(false);
       keep_alive = false;
-    } else if (!bodiless && !upstream.has_content_length() && !upstream.chunked()) {
+    } else if (!bodiless && !upstream_has_length && !upstream_chunked) {
       // The replica ends its body by closing: chunked to an HTTP/1.1 client, close for 1.0.
       if (version_ >= 11)
         response_.chunked(true);
@@ -1055,10 +1160,23 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
     }
     response_.keep_alive(keep_alive);
     reply_keep_alive_ = keep_alive;
-    event_stream_ =
-        upstream[http::field::content_type].find("text/event-stream") != std::string_view::npos;
     first_byte_seen_ = false;
-    serializer_.emplace(response_);
+    // A chunked answer goes through Beast's serializer (it makes the chunks); any other is the
+    // header as one piece of text, then the body's pieces as they are read.
+    serializer_.reset();
+    if (response_.chunked()) {
+      serializer_.emplace(response_);
+    } else {
+      response_head_ =
+          fmt::format("HTTP/{}.{} {:03d} ", version_ / 10, version_ % 10, response_.result_int());
+      const auto reason = response_.reason();
+      response_head_.append(reason.empty() ? Std(http::obsolete_reason(response_.result()))
+                                           : Std(reason));
+      response_head_.append("\r\n");
+      AppendFields(response_head_, response_.base());
+      response_head_.append("\r\n");
+      response_head_unsent_ = true;
+    }
     response_started_ = true;
     RelayRead();
   }
@@ -1112,6 +1230,16 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
 
   void RelayWrite() {
     ArmTimer(gateway_.options.idle_timeout);
+    if (!serializer_) {
+      std::array<asio::const_buffer, 2> pieces{
+          asio::const_buffer(), asio::const_buffer(response_.body().data, response_.body().size)};
+      if (response_head_unsent_) pieces[0] = asio::buffer(response_head_);
+      response_head_unsent_ = false;
+      asio::async_write(
+          client_, pieces,
+          beast::bind_front_handler(&ClientSession::OnRelayWritten, shared_from_this()));
+      return;
+    }
     http::async_write(
         client_, *serializer_,
         beast::bind_front_handler(&ClientSession::OnRelayWritten, shared_from_this()));
@@ -1124,9 +1252,9 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
       CloseUpstream();
       return UpstreamDone(false);
     }
-    if (!serializer_->is_done()) return RelayRead();
+    if (serializer_ ? !serializer_->is_done() : response_.body().more) return RelayRead();
     // The whole answer is out.
-    timer_.cancel();
+    DisarmTimer();
     UpstreamDone(true);
   }
 
@@ -1136,14 +1264,12 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
     const bool reusable = upstream_parser_->keep_alive() && !upstream_parser_->need_eof() &&
                           upstream_buffer_.size() == 0;
     if (!reusable || !upstream_) return;
-    timer_.cancel();
-    gateway_.GiveIdle(AddressKey(choice_.endpoint.host, choice_.endpoint.port),
-                      std::move(upstream_));
+    DisarmTimer();
+    gateway_.GiveIdle(choice_.address, std::move(upstream_));
   }
 
   void CloseUpstream() {
-    ++timer_generation_;
-    timer_.cancel();
+    DisarmTimer();
     if (!upstream_) return;
     beast::error_code ignored;
     upstream_->shutdown(tcp::socket::shutdown_both, ignored);
@@ -1383,17 +1509,21 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   }
 
   beast::tcp_stream client_;
-  Strand strand_;
+  Serial strand_;
   Impl& gateway_;
   const uint64_t id_;
-  asio::steady_timer timer_;  // the upstream's deadlines
+  asio::steady_timer timer_;  // the upstream's deadlines (ArmTimer)
   uint64_t timer_generation_ = 0;
+  Clock::time_point deadline_{};
+  bool timer_armed_ = false;       // deadline_ applies
+  bool timer_waiting_ = false;     // a wait is pending on timer_
   asio::steady_timer wait_timer_;  // the buffer timeout
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   std::optional<http::response<http::empty_body>> continue_;
   http::request<http::string_body> request_;
-  http::request<http::string_body> upstream_request_;
+  http::request<http::string_body> upstream_request_;  // a streamed request's header
+  std::string upstream_head_;                          // a held request's header text, reused
   // A streamed request body: the client's parser and what goes to the replica.
   bool streaming_ = false;
   bool stream_started_ = false;
@@ -1438,7 +1568,9 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   beast::flat_buffer upstream_buffer_;
   std::optional<http::response_parser<http::buffer_body>> upstream_parser_;
   http::response<http::buffer_body> response_;
-  std::optional<http::response_serializer<http::buffer_body>> serializer_;
+  std::optional<http::response_serializer<http::buffer_body>> serializer_;  // chunked answers
+  std::string response_head_;  // other answers' header text
+  bool response_head_unsent_ = false;
   char relay_buffer_[kRelayBufferBytes];
   char drain_buffer_[4096];
 };
@@ -1448,7 +1580,7 @@ class Scraper : public std::enable_shared_from_this<Scraper> {
  public:
   Scraper(Impl& gateway, std::string key, Endpoint endpoint)
       : gateway_(gateway),
-        strand_(asio::make_strand(gateway.ioc)),
+        strand_(gateway.MakeSerial()),
         timer_(strand_),
         key_(std::move(key)),
         endpoint_(std::move(endpoint)) {}
@@ -1510,7 +1642,7 @@ class Scraper : public std::enable_shared_from_this<Scraper> {
   }
 
   Impl& gateway_;
-  Strand strand_;
+  Serial strand_;
   asio::steady_timer timer_;
   std::string key_;
   Endpoint endpoint_;
@@ -1523,7 +1655,7 @@ class Scraper : public std::enable_shared_from_this<Scraper> {
 }  // namespace
 
 void Gateway::Impl::Accept() {
-  Strand strand = asio::make_strand(ioc);
+  Serial strand = MakeSerial();
   acceptor.async_accept(strand, [this, strand](beast::error_code error, tcp::socket socket) {
     if (stopping || !acceptor.is_open()) return;
     if (!error) {
@@ -1715,7 +1847,7 @@ void Gateway::SetRoutes(std::vector<Route> routes) {
         addresses.insert(AddressKey(endpoint.host, endpoint.port));
       }
       state.picker.prefixes.RetainOnly(ids);
-      state.route = std::move(route);
+      state.SetRoute(std::move(route));
       state.present = true;
       const bool ready = std::any_of(state.route.endpoints.begin(), state.route.endpoints.end(),
                                      [](const Endpoint& endpoint) { return !endpoint.draining; });
@@ -1732,6 +1864,8 @@ void Gateway::SetRoutes(std::vector<Route> routes) {
       if (named.count(name)) continue;
       state.present = false;
       state.route.endpoints.clear();
+      state.endpoint_keys.clear();
+      state.address_keys.clear();
     }
     // Endpoints gone and idle keep nothing; those with requests in flight keep their counts.
     std::erase_if(impl_->endpoints, [&](const auto& entry) {
