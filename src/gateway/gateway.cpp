@@ -25,6 +25,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "net/asio_serve.h"
 #include "net/http.h"
 
 namespace gpufleet::gateway {
@@ -1781,37 +1782,13 @@ Gateway::StartResult Gateway::Start(GatewayOptions options) {
   }
   auto impl = std::make_shared<Impl>(std::move(options));
   const GatewayOptions& opts = impl->options;
-  beast::error_code error;
-  const asio::ip::address address = asio::ip::make_address(opts.host, error);
-  if (error) {
-    result.error = fmt::format(
-        "invalid listen address '{}': expected an IP address such as 127.0.0.1", opts.host);
-    return result;
-  }
-  const tcp::endpoint wanted(address, opts.port);
-  auto fail = [&](const char* step) {
-    result.error = fmt::format("{} {}:{}: {}", step, opts.host, opts.port, error.message());
-    return std::move(result);
-  };
-  if (impl->acceptor.open(wanted.protocol(), error); error) return fail("open a socket for");
-  if (impl->acceptor.set_option(asio::socket_base::reuse_address(true), error); error)
-    return fail("set SO_REUSEADDR on");
-  if (impl->acceptor.bind(wanted, error); error) return fail("listen on");
-  if (impl->acceptor.listen(asio::socket_base::max_listen_connections, error); error)
-    return fail("listen on");
-  impl->endpoint = impl->acceptor.local_endpoint(error);
-  if (error) return fail("read the bound address of");
+  auto bound = net::Listen(impl->acceptor, opts.host, opts.port, result.error);
+  if (!bound) return result;
+  impl->endpoint = *bound;
   impl->Accept();
   asio::post(impl->scrape_strand, [raw = impl.get()] { raw->ScrapeTick(); });
-  const int thread_count = std::max(1, opts.io_threads);
-  try {
-    for (int i = 0; i < thread_count; ++i)
-      impl->threads.emplace_back([raw = impl.get()] { raw->ioc.run(); });
-  } catch (const std::system_error& thread_error) {
-    impl->ioc.stop();
-    for (std::thread& thread : impl->threads)
-      thread.join();
-    result.error = fmt::format("start the gateway's threads: {}", thread_error.what());
+  if (auto error = net::RunIoThreads(impl->ioc, opts.io_threads, impl->threads, "the gateway")) {
+    result.error = std::move(*error);
     return result;
   }
   result.gateway.reset(new Gateway(std::move(impl)));

@@ -25,6 +25,8 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 
+#include "net/asio_serve.h"
+
 namespace gpufleet::net {
 namespace {
 
@@ -454,38 +456,12 @@ HttpServer::StartResult HttpServer::Start(const HttpServerOptions& options,
     if (!context) return result;
     impl->tls.emplace(std::move(*context));
   }
-  beast::error_code error;
-  const asio::ip::address address = asio::ip::make_address(options.host, error);
-  if (error) {
-    result.error = fmt::format(
-        "invalid listen address '{}': expected an IP address such as 127.0.0.1", options.host);
-    return result;
-  }
-  const tcp::endpoint wanted(address, options.port);
-  const std::string where = FormatEndpoint(wanted);
-  auto fail = [&](const char* step) {
-    result.error = fmt::format("{} {}: {}", step, where, error.message());
-    return std::move(result);
-  };
-  if (impl->acceptor.open(wanted.protocol(), error); error) return fail("open a socket for");
-  if (impl->acceptor.set_option(asio::socket_base::reuse_address(true), error); error)
-    return fail("set SO_REUSEADDR on");
-  if (impl->acceptor.bind(wanted, error); error) return fail("listen on");
-  if (impl->acceptor.listen(asio::socket_base::max_listen_connections, error); error)
-    return fail("listen on");
-  impl->endpoint = impl->acceptor.local_endpoint(error);
-  if (error) return fail("read the bound address of");
-
+  auto bound = Listen(impl->acceptor, options.host, options.port, result.error);
+  if (!bound) return result;
+  impl->endpoint = *bound;
   impl->Accept();
-  const int thread_count = std::max(1, options.io_threads);
-  try {
-    for (int i = 0; i < thread_count; ++i)
-      impl->threads.emplace_back([raw = impl.get()] { raw->ioc.run(); });
-  } catch (const std::system_error& thread_error) {
-    impl->ioc.stop();
-    for (std::thread& thread : impl->threads)
-      thread.join();
-    result.error = fmt::format("start the HTTP server's threads: {}", thread_error.what());
+  if (auto error = RunIoThreads(impl->ioc, options.io_threads, impl->threads, "the HTTP server")) {
+    result.error = std::move(*error);
     return result;
   }
   result.server.reset(new HttpServer(std::move(impl)));

@@ -1,0 +1,68 @@
+#pragma once
+
+// The two steps every Asio server of gpufleet takes at start (net::HttpServer, the gateway):
+// listen on host:port, then run the io_context on its threads. Includes Asio: for the few .cpp
+// files that already do, never for a public header.
+
+#include <optional>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <fmt/format.h>
+
+namespace gpufleet::net {
+
+// Opens, binds (SO_REUSEADDR) and listens; the bound endpoint (with the real port), or why not:
+// "invalid listen address ...", "listen on 127.0.0.1:8080: Address already in use".
+inline std::optional<boost::asio::ip::tcp::endpoint> Listen(
+    boost::asio::ip::tcp::acceptor& acceptor, const std::string& host, uint16_t port,
+    std::string& error) {
+  namespace asio = boost::asio;
+  boost::system::error_code code;
+  const asio::ip::address address = asio::ip::make_address(host, code);
+  if (code) {
+    error =
+        fmt::format("invalid listen address '{}': expected an IP address such as 127.0.0.1", host);
+    return std::nullopt;
+  }
+  const asio::ip::tcp::endpoint wanted(address, port);
+  const std::string where =
+      address.is_v6() ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+  auto fail = [&](const char* step) {
+    error = fmt::format("{} {}: {}", step, where, code.message());
+    return std::nullopt;
+  };
+  if (acceptor.open(wanted.protocol(), code); code) return fail("open a socket for");
+  if (acceptor.set_option(asio::socket_base::reuse_address(true), code); code)
+    return fail("set SO_REUSEADDR on");
+  if (acceptor.bind(wanted, code); code) return fail("listen on");
+  if (acceptor.listen(asio::socket_base::max_listen_connections, code); code)
+    return fail("listen on");
+  auto bound = acceptor.local_endpoint(code);
+  if (code) return fail("read the bound address of");
+  return bound;
+}
+
+// Runs `ioc` on `count` (at least 1) new threads; on failure stops and joins those started and
+// says why ("start <what>'s threads: ...").
+inline std::optional<std::string> RunIoThreads(boost::asio::io_context& ioc, int count,
+                                               std::vector<std::thread>& threads,
+                                               const char* what) {
+  try {
+    for (int i = 0; i < std::max(1, count); ++i)
+      threads.emplace_back([&ioc] { ioc.run(); });
+  } catch (const std::system_error& thread_error) {
+    ioc.stop();
+    for (std::thread& thread : threads)
+      thread.join();
+    threads.clear();
+    return fmt::format("start {}'s threads: {}", what, thread_error.what());
+  }
+  return std::nullopt;
+}
+
+}  // namespace gpufleet::net
