@@ -56,10 +56,10 @@ CLI::App* AddGatewayCommand(CLI::App& app, GatewayArgs& args) {
                       "This gateway's id in its load reports [gateway-HOSTNAME-PORT]");
   command->add_option("--listen", args.listen, "Address to serve on (port 0: any free port)")
       ->capture_default_str();
-  command
-      ->add_option("--routes", args.routes_file,
-                   "Standalone: a YAML or JSON list of deployments and their endpoints (reloaded "
-                   "on SIGHUP)");
+  command->add_option(
+      "--routes", args.routes_file,
+      "Standalone: a YAML or JSON list of deployments and their endpoints (reloaded "
+      "on SIGHUP)");
   command->add_flag("--no-auth", args.no_auth,
                     "Accept requests without a token (only on a loopback --listen address)");
   command
