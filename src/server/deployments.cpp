@@ -110,6 +110,21 @@ TimeMs RestartBackoffMs(int32_t failures) {
   return std::min(backoff, kMaxRestartBackoffMs);
 }
 
+// Cancels a replica's job (SIGTERM, then its grace period) and wakes the nodes it ran on.
+void StopReplicaLocked(Impl& s, JobRecord& job, std::string reason, TimeMs now,
+                       std::vector<Mutation>& batch, std::vector<std::string>& wake) {
+  const std::vector<std::string> nodes = s.NodesOf(job);
+  const bool was_active = IsActive(job.state);
+  CancelJob(job, std::move(reason), now);
+  s.IndexJobLocked(job);
+  batch.push_back(s.PutJobLocked(job));
+  if (!was_active) return;
+  for (const std::string& node : nodes) {
+    s.BumpLocked(node);
+    wake.push_back(node);
+  }
+}
+
 // ---- Routes -----------------------------------------------------------------------------------
 
 // The deployment the caller may see, or an answer already given (404 for another team's).
@@ -146,10 +161,8 @@ void ApplyDeployment(Impl& s, const HttpRequest& request, const Caller& caller,
   if (!spec) return respond(HttpResponse::Error(400, error));
   if (auto why = serving::ValidateAutoscalerConfig(AutoscalerConfigOf(*spec)))
     return respond(HttpResponse::Error(400, "autoscaling: " + *why));
-  if (const auto& queues = s.options.scheduler.queues;
-      !queues.empty() && std::none_of(queues.begin(), queues.end(),
-                                      [&](const auto& queue) { return queue.name == spec->queue; }))
-    return respond(HttpResponse::Error(422, fmt::format("queue '{}' does not exist", spec->queue)));
+  if (auto unknown = UnknownQueue(s.options, spec->queue))
+    return respond(HttpResponse::Error(422, *unknown));
   std::lock_guard lock(s.mu);
   if (RefuseMutationLocked(s, respond)) return;
   const TimeMs now = WallMs();
@@ -323,16 +336,9 @@ void DeleteDeployment(Impl& s, const HttpRequest& request, const Caller& caller,
   for (JobId id : entry->replicas) {
     auto job = s.jobs.find(id);
     if (job == s.jobs.end() || api::IsTerminal(job->second.state)) continue;
-    const std::vector<std::string> nodes = s.NodesOf(job->second);
-    const bool was_active = IsActive(job->second.state);
-    CancelJob(job->second, fmt::format("deployment {} deleted by {}", name, caller.info.user), now);
-    s.IndexJobLocked(job->second);
-    batch.push_back(s.PutJobLocked(job->second));
-    if (was_active)
-      for (const std::string& node : nodes) {
-        s.BumpLocked(node);
-        wake.push_back(node);
-      }
+    StopReplicaLocked(s, job->second,
+                      fmt::format("deployment {} deleted by {}", name, caller.info.user), now,
+                      batch, wake);
     ++stopped;
   }
   json answer = s.ShowDeploymentLocked(*entry);
@@ -409,7 +415,11 @@ void GatewayReportRoute(Impl& s, const HttpRequest& request, const Caller&, Http
     std::vector<std::string> wake;
     for (auto& [name, entry] : s.deployments) {
       if (entry.buffered <= 0 || entry.record.desired_replicas > 0) continue;
-      s.AutoscaleLocked(entry, now, 0, batch);
+      // An instant (the activator's poke): the load since the tick stays for the tick's sample.
+      serving::LoadSample poke;
+      poke.time_ms = now;
+      poke.concurrency = static_cast<double>(entry.buffered);
+      s.AutoscaleLocked(entry, poke, batch);
       s.ReconcileDeploymentLocked(entry, now, batch, wake);
     }
     if (!batch.empty()) {
@@ -501,18 +511,10 @@ int32_t Server::Impl::FreeReplicaPortLocked(const std::string& node, JobId job,
   return 0;
 }
 
-void Server::Impl::AutoscaleLocked(DeploymentEntry& entry, TimeMs now, double interval_ms,
+void Server::Impl::AutoscaleLocked(DeploymentEntry& entry, const serving::LoadSample& sample,
                                    std::vector<Mutation>& batch) {
   if (!entry.autoscaler) ResetAutoscalerLocked(entry);
-  serving::LoadSample sample;
-  sample.time_ms = now;
-  sample.interval_ms = static_cast<TimeMs>(interval_ms);
-  // Requests waiting for a first replica count as in flight: they are demand (the activator).
-  sample.concurrency = interval_ms > 0 ? entry.load_area_ms / interval_ms : 0;
-  sample.concurrency = std::max(sample.concurrency, static_cast<double>(entry.buffered));
-  sample.arrivals = entry.load_arrivals;
-  entry.load_area_ms = 0;
-  entry.load_arrivals = 0;
+  const TimeMs now = sample.time_ms;
   entry.autoscaler->Record(sample);
   DeploymentRecord& record = entry.record;
   if (record.fixed_replicas) return;
@@ -622,11 +624,8 @@ bool Server::Impl::ReconcileDeploymentLocked(DeploymentEntry& entry, TimeMs now,
       now < record.last_failure_ms + RestartBackoffMs(record.failures_in_a_row);
   if (backing_off) missing = 0;
   for (int32_t i = 0; i < missing; ++i) {
-    const auto& queues = options.scheduler.queues;
-    const auto queue = std::find_if(queues.begin(), queues.end(),
-                                    [&](const auto& q) { return q.name == record.spec.queue; });
-    JobRecord job =
-        NewReplicaJob(record, now, queue != queues.end() && queue->preemptible_replicas);
+    const sched::QueueConfig* queue = FindQueue(options, record.spec.queue);
+    JobRecord job = NewReplicaJob(record, now, queue && queue->preemptible_replicas);
     job.id = next_job_id++;
     SetState(
         job, JobState::kPending,
@@ -664,19 +663,11 @@ bool Server::Impl::ReconcileDeploymentLocked(DeploymentEntry& entry, TimeMs now,
     }
     const bool timed_out = now - job->replica->draining_since_ms >= record.spec.drain_timeout_ms;
     if (busy && !timed_out) continue;
-    const std::vector<std::string> on = NodesOf(*job);
-    const bool was_active = IsActive(job->state);
-    CancelJob(*job,
-              timed_out && busy ? "drained: stopped at the drain timeout with requests in flight"
-                                : "drained: no requests in flight",
-              now);
-    IndexJobLocked(*job);
-    batch.push_back(PutJobLocked(*job));
-    if (was_active)
-      for (const std::string& node : on) {
-        BumpLocked(node);
-        wake.push_back(node);
-      }
+    StopReplicaLocked(*this, *job,
+                      timed_out && busy
+                          ? "drained: stopped at the drain timeout with requests in flight"
+                          : "drained: no requests in flight",
+                      now, batch, wake);
     any_change = true;
   }
   if (record_changed) batch.push_back(PutDeploymentLocked(entry));
@@ -692,8 +683,19 @@ void Server::Impl::ReconcileDeploymentsLocked(TimeMs now, bool tick, std::vector
             ? std::chrono::duration<double, std::milli>(kAutoscaleInterval).count()
             : std::chrono::duration<double, std::milli>(steady_now - last_autoscale).count();
     last_autoscale = steady_now;
-    for (auto& [name, entry] : deployments)
-      AutoscaleLocked(entry, now, interval_ms, batch);
+    for (auto& [name, entry] : deployments) {
+      // The gateways' load since the last tick; requests waiting for a first replica count as
+      // in flight: they are demand (the activator's).
+      serving::LoadSample sample;
+      sample.time_ms = now;
+      sample.interval_ms = static_cast<TimeMs>(interval_ms);
+      sample.concurrency =
+          std::max(entry.load_area_ms / interval_ms, static_cast<double>(entry.buffered));
+      sample.arrivals = entry.load_arrivals;
+      entry.load_area_ms = 0;
+      entry.load_arrivals = 0;
+      AutoscaleLocked(entry, sample, batch);
+    }
     std::erase_if(gateways, [&](const auto& gateway) {
       return steady_now - gateway.second.last_seen > 4 * kGatewayTimeout;
     });
@@ -702,6 +704,8 @@ void Server::Impl::ReconcileDeploymentsLocked(TimeMs now, bool tick, std::vector
   for (auto& [name, entry] : deployments)
     changed = ReconcileDeploymentLocked(entry, now, batch, wake) || changed;
   if (changed) ChangedLocked();
+  // Level-triggered: whatever moved a replica (this pass, a lost node, a preemption), the set
+  // gateways see is recomputed, and sent only when it differs.
   RefreshEndpointsLocked();
 }
 

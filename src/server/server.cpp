@@ -491,12 +491,9 @@ bool Server::Impl::CheckIdleLocked(TimeMs now, std::vector<Mutation>& batch,
     }
     ++it;
     const bool idle = since && now - *since >= options.idle_gpu_timeout_ms;
-    const auto& queues = options.scheduler.queues;
-    const auto queue = std::find_if(queues.begin(), queues.end(), [&](const sched::QueueConfig& q) {
-      return q.name == job.spec.queue;
-    });
+    const sched::QueueConfig* queue = FindQueue(options, job.spec.queue);
     const bool reclaim =
-        idle && gpus_wanted && job.spec.preemptible && queue != queues.end() && queue->reclaim_idle;
+        idle && gpus_wanted && job.spec.preemptible && queue && queue->reclaim_idle;
     if (idle == job.idle_since_ms.has_value() && !reclaim) continue;
     if (idle && !job.idle_since_ms) {
       SetIdle(job, since,

@@ -49,6 +49,22 @@ bool RefuseMutationLocked(Server::Impl& s, net::HttpResponder& respond) {
   return false;
 }
 
+const sched::QueueConfig* FindQueue(const ServerOptions& options, std::string_view name) {
+  const auto& queues = options.scheduler.queues;
+  const auto it = std::find_if(queues.begin(), queues.end(),
+                               [&](const sched::QueueConfig& queue) { return queue.name == name; });
+  return it == queues.end() ? nullptr : &*it;
+}
+
+std::optional<std::string> UnknownQueue(const ServerOptions& options, std::string_view name) {
+  const auto& queues = options.scheduler.queues;
+  if (queues.empty() || FindQueue(options, name)) return std::nullopt;
+  std::vector<std::string> names;
+  for (const sched::QueueConfig& queue : queues)
+    names.push_back(queue.name);
+  return fmt::format("queue '{}' does not exist; the queues are {}", name, fmt::join(names, ", "));
+}
+
 namespace {
 
 using api::JobRecord;
@@ -181,17 +197,8 @@ void SubmitJob(Impl& s, const HttpRequest& request, const Caller& caller, HttpRe
   std::string error;
   auto spec = api::ParseJobSubmissionText(request.body, error);
   if (!spec) return respond(HttpResponse::Error(400, error));
-  if (const auto& queues = s.options.scheduler.queues;
-      !queues.empty() && std::none_of(queues.begin(), queues.end(), [&](const auto& queue) {
-        return queue.name == spec->queue;
-      })) {
-    std::vector<std::string> names;
-    for (const sched::QueueConfig& queue : queues)
-      names.push_back(queue.name);
-    return respond(
-        HttpResponse::Error(422, fmt::format("queue '{}' does not exist; the queues are {}",
-                                             spec->queue, fmt::join(names, ", "))));
-  }
+  if (auto unknown = UnknownQueue(s.options, spec->queue))
+    return respond(HttpResponse::Error(422, *unknown));
   if (spec->name.empty()) spec->name = DefaultName(spec->command);
   std::lock_guard lock(s.mu);
   if (RefuseMutationLocked(s, respond)) return;

@@ -14,6 +14,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "net/http.h"
 #include "net/http_server.h"
 #include "sched/fair_share.h"
+#include "sched/queues.h"
 #include "sched/types.h"
 #include "server/metrics.h"
 #include "server/server.h"
@@ -204,7 +206,8 @@ struct Server::Impl {
   bool ReconcileDeploymentLocked(DeploymentEntry& entry, TimeMs now,
                                  std::vector<store::Mutation>& batch,
                                  std::vector<std::string>& wake);
-  void AutoscaleLocked(DeploymentEntry& entry, TimeMs now, double interval_ms,
+  // Records `sample` in the deployment's autoscaler and applies its decision to the wanted count.
+  void AutoscaleLocked(DeploymentEntry& entry, const serving::LoadSample& sample,
                        std::vector<store::Mutation>& batch);
   store::Mutation PutDeploymentLocked(const DeploymentEntry& entry) const;
   api::DeploymentRecord ShowDeploymentLocked(const DeploymentEntry& entry) const;
@@ -314,5 +317,10 @@ net::HttpResponse StoreFailed(const std::string& error);  // 503 "store failed: 
 Server::Impl::CommitDone AnswerWhenDurable(net::HttpResponder respond, net::HttpResponse response);
 // 503 when the server cannot take changes now (failed store, stopping). Called with the lock held.
 bool RefuseMutationLocked(Server::Impl& s, net::HttpResponder& respond);
+// The configured queue of that name; nothing without a queues file or when there is none.
+const sched::QueueConfig* FindQueue(const ServerOptions& options, std::string_view name);
+// Why a job or deployment may not name this queue ("queue 'x' does not exist; the queues are
+// ..."), or nothing: every name is good without a queues file.
+std::optional<std::string> UnknownQueue(const ServerOptions& options, std::string_view name);
 
 }  // namespace gpufleet::server
