@@ -1,10 +1,6 @@
 #include "cli/deployment_commands.h"
 
-#include <filesystem>
-#include <fstream>
-#include <iostream>
 #include <map>
-#include <sstream>
 
 #include <fmt/format.h>
 
@@ -155,20 +151,10 @@ std::optional<json> BuildDeployment(const std::string& file, std::string& error)
     return std::nullopt;
   }
   const std::string source = file == "-" ? "<stdin>" : file;
-  std::stringstream text;
-  if (file == "-") {
-    text << std::cin.rdbuf();
-  } else {
-    std::ifstream in(file);
-    if (!in) {
-      error = fmt::format("cannot read deployment file '{}': {}", file,
-                          std::filesystem::exists(file) ? "permission denied" : "no such file");
-      return std::nullopt;
-    }
-    text << in.rdbuf();
-  }
+  auto text = ReadInputFile(file, "deployment file", error);
+  if (!text) return std::nullopt;
   std::map<std::string, int> lines;
-  auto body = JobYamlToJson(text.str(), source, error, &lines);
+  auto body = JobYamlToJson(*text, source, error, &lines);
   if (!body) return std::nullopt;
   std::string api_error;
   if (!api::ParseDeploymentSpec(*body, api_error)) {

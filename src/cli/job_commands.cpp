@@ -97,22 +97,6 @@ std::string FieldOfError(std::string_view error) {
   return std::string(error.substr(start, end - start));
 }
 
-std::optional<std::string> ReadJobFile(const std::string& path, std::string& error) {
-  std::stringstream text;
-  if (path == "-") {
-    text << std::cin.rdbuf();
-    return text.str();
-  }
-  std::ifstream in(path);
-  if (!in) {
-    error = fmt::format("cannot read job file '{}': {}", path,
-                        std::filesystem::exists(path) ? "permission denied" : "no such file");
-    return std::nullopt;
-  }
-  text << in.rdbuf();
-  return text.str();
-}
-
 // The number of GPUs as JSON: 1 or 0.5, the way people write it.
 json GpusJson(MilliGpu milli) {
   if (milli % kMilliPerGpu == 0) return milli / kMilliPerGpu;
@@ -528,6 +512,23 @@ std::optional<json> JobYamlToJson(std::string_view text, std::string_view source
   return std::nullopt;
 }
 
+std::optional<std::string> ReadInputFile(const std::string& path, std::string_view what,
+                                         std::string& error) {
+  std::stringstream text;
+  if (path == "-") {
+    text << std::cin.rdbuf();
+    return text.str();
+  }
+  std::ifstream in(path);
+  if (!in) {
+    error = fmt::format("cannot read {} '{}': {}", what, path,
+                        std::filesystem::exists(path) ? "permission denied" : "no such file");
+    return std::nullopt;
+  }
+  text << in.rdbuf();
+  return text.str();
+}
+
 std::optional<std::map<std::string, std::string>> ParseEnvFlags(
     const std::vector<std::string>& entries, std::string& error) {
   std::map<std::string, std::string> env;
@@ -547,7 +548,7 @@ std::optional<Submission> BuildSubmission(const SubmitArgs& args, std::string& e
   std::map<std::string, int> lines;
   const std::string source = args.file == "-" ? "<stdin>" : args.file;
   if (!args.file.empty()) {
-    auto text = ReadJobFile(args.file, error);
+    auto text = ReadInputFile(args.file, "job file", error);
     if (!text) return std::nullopt;
     auto parsed = JobYamlToJson(*text, source, error, &lines);
     if (!parsed) return std::nullopt;

@@ -49,6 +49,11 @@ std::optional<nlohmann::json> JobYamlToJson(std::string_view text, std::string_v
                                             std::string& error,
                                             std::map<std::string, int>* lines = nullptr);
 
+// The whole of a file the user named ("-": stdin); nothing and "cannot read <what> '<path>': ..."
+// when it cannot be read.
+std::optional<std::string> ReadInputFile(const std::string& path, std::string_view what,
+                                         std::string& error);
+
 // "NAME=VALUE" entries as a map; nothing (and `error`) when one has no '=' or no name.
 std::optional<std::map<std::string, std::string>> ParseEnvFlags(
     const std::vector<std::string>& entries, std::string& error);

@@ -13,10 +13,9 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.parse
 
 from e2e_testlib import (Cluster, api, check, http, kill_recorded_workloads, pid_alive,
-                         run_tests, wait_until)
+                         prometheus_query, run_tests, wait_until)
 from agent_testlib import start_prometheus
 
 
@@ -457,15 +456,6 @@ def test_tls(gpufleet):
         except OSError:
             status = 0
         check(status != 200, "the TLS port answered plain HTTP")
-
-
-def prometheus_query(url, expression):
-    status, text = http("GET", url + "/api/v1/query?" +
-                        urllib.parse.urlencode({"query": expression}), timeout=5)
-    check(status == 200, f"query {expression}: HTTP {status}: {text}")
-    answer = json.loads(text)
-    check(answer.get("status") == "success", f"query {expression}: {answer}")
-    return answer["data"]["result"]
 
 
 def test_team_metrics_in_prometheus(gpufleet):

@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "agent"))
@@ -234,6 +235,16 @@ def api(base, token, method, path, body=None, timeout=10):
         return status, json.loads(text) if text else {}
     except ValueError:
         return status, {"raw": text}
+
+
+def prometheus_query(url, expression):
+    """The result vector of an instant query to the Prometheus at `url`."""
+    status, text = http("GET", url + "/api/v1/query?" +
+                        urllib.parse.urlencode({"query": expression}), timeout=5)
+    check(status == 200, f"query {expression}: HTTP {status}: {text}")
+    answer = json.loads(text)
+    check(answer.get("status") == "success", f"query {expression}: {answer}")
+    return answer["data"]["result"]
 
 
 def pid_alive(pid):

@@ -23,11 +23,10 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.parse
 from http.client import HTTPConnection, HTTPException
 
 from e2e_testlib import (Cluster, Process, api, check, die_with_parent, http,
-                         kill_recorded_workloads, run_tests, wait_until)
+                         kill_recorded_workloads, prometheus_query, run_tests, wait_until)
 from agent_testlib import free_port
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
@@ -418,15 +417,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
 http.server.ThreadingHTTPServer((os.environ["HOST"], int(os.environ["PORT"])),
                                 Handler).serve_forever()
 """
-
-
-def prometheus_query(url, expression):
-    status, text = http("GET", url + "/api/v1/query?" +
-                        urllib.parse.urlencode({"query": expression}), timeout=5)
-    check(status == 200, f"query {expression}: HTTP {status}: {text}")
-    answer = json.loads(text)
-    check(answer.get("status") == "success", f"query {expression}: {answer}")
-    return answer["data"]["result"]
 
 
 def test_serving_dashboard_in_prometheus(gpufleet):
