@@ -37,7 +37,7 @@ std::vector<Route> RoutesOf(const api::EndpointSet& set) {
     route.deployment = deployment.name;
     route.team = deployment.team;
     route.model_names = deployment.models;
-    route.llm = deployment.routing == "endpoint_picker";
+    // The endpoint picker makes it an llm route (Gateway::SetRoutes).
     route.policy = serving::ParseRoutingPolicy(deployment.routing);
     for (const api::EndpointInfo& endpoint : deployment.endpoints) {
       if (endpoint.port <= 0 || endpoint.port > 65535) continue;
