@@ -7,7 +7,11 @@ CPU(s). Each proxy gets the same wrk run (threads, connections, duration); the t
 ratios to the gateway go to stdout (docs/benchmarks.md records them).
 
     python3 bench/gateway_measure.py --gpufleet build-release/gpufleet [--connections 32]
-        [--duration 10] [--rounds 3]
+        [--duration 10] [--rounds 3] [--sse [--events 8] [--interval-us 0]]
+
+--sse: the backend is bench/sse_backend (a C++ Asio server answering each request with a chunked
+text/event-stream of --events events, each its own send) and nginx is configured as its docs say
+for SSE (proxy_buffering off): every proxy passes the stream through as it comes.
 
 The gateway binary is whichever --gpufleet names: measure a Release build (-O3, as nginx and
 HAProxy are built optimised), e.g. `cmake -S . -B build-release -G Ninja
@@ -46,7 +50,7 @@ def wait_for_port(port, timeout=10.0):
     return False
 
 
-def nginx_conf(work, port, body, upstream_port=None):
+def nginx_conf(work, port, body, upstream_port=None, sse=False):
     logs = os.path.join(work, f"nginx-{port}")
     os.makedirs(logs, exist_ok=True)
     if upstream_port is None:
@@ -55,7 +59,7 @@ def nginx_conf(work, port, body, upstream_port=None):
     else:
         upstream = (f"upstream backend {{ server 127.0.0.1:{upstream_port}; keepalive 64; }}")
         location = ('proxy_pass http://backend; proxy_http_version 1.1; '
-                    'proxy_set_header Connection "";')
+                    'proxy_set_header Connection "";' + (" proxy_buffering off;" if sse else ""))
     conf = os.path.join(logs, "nginx.conf")
     with open(conf, "w") as f:
         f.write(f"""
@@ -138,7 +142,14 @@ def main():
     parser.add_argument("--proxy-cpu", default="0")
     parser.add_argument("--client-cpus", default="1", help="wrk and the backend")
     parser.add_argument("--body", default="hello from the static backend")
+    parser.add_argument("--sse", action="store_true", help="proxy SSE streams (bench/sse_backend)")
+    parser.add_argument("--sse-backend", default="build-release/bench/sse_backend")
+    parser.add_argument("--events", type=int, default=8, help="--sse: events per stream")
+    parser.add_argument("--interval-us", type=int, default=0, help="--sse: between events")
     args = parser.parse_args()
+    if args.sse and not os.access(args.sse_backend, os.X_OK):
+        sys.exit(f"error: {args.sse_backend} not found: build the sse_backend target "
+                 "(cmake --build build-release --target sse_backend)")
     for tool in ("wrk", "nginx", "haproxy", "taskset"):
         if not shutil.which(tool):
             sys.exit(f"error: {tool} not found (apt-get install wrk nginx-light haproxy)")
@@ -166,12 +177,17 @@ def main():
 
     results = {}
     try:
-        start(pinned(args.client_cpus, nginx_conf(work, backend_port, args.body)), backend_port)
+        if args.sse:
+            backend = [args.sse_backend, "--port", str(backend_port), "--events",
+                       str(args.events), "--interval-us", str(args.interval_us)]
+        else:
+            backend = nginx_conf(work, backend_port, args.body)
+        start(pinned(args.client_cpus, backend), backend_port)
         baseline = run_wrk(args, backend_port, "/")
         proxies = [
             ("gpufleet gateway", lambda p: gateway_cmd(work, args.gpufleet, p, backend_port),
              "/d/static/"),
-            ("nginx", lambda p: nginx_conf(work, p, args.body, backend_port), "/"),
+            ("nginx", lambda p: nginx_conf(work, p, args.body, backend_port, args.sse), "/"),
             ("haproxy", lambda p: haproxy_conf(work, p, backend_port), "/"),
         ]
         # All three run at once (idle ones cost nothing) and the rounds alternate between them,
@@ -195,6 +211,8 @@ def main():
                 stop(process)
         shutil.rmtree(work, ignore_errors=True)
 
+    if args.sse:
+        print(f"SSE: {args.events} events a stream, {args.interval_us} us apart")
     print(f"wrk -t{args.threads} -c{args.connections} -d{args.duration}s --latency, {args.rounds} "
           f"rounds (medians); proxy on CPU {args.proxy_cpu}, wrk and backend on CPU "
           f"{args.client_cpus}")

@@ -425,7 +425,13 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   ~ClientSession() { gateway_.Forget(id_); }
 
   void Start() {
-    asio::dispatch(client_.get_executor(), [self = shared_from_this()] { self->ReadHeader(); });
+    asio::dispatch(client_.get_executor(), [self = shared_from_this()] {
+      // The client watch reads without waiting (WatchClient); Asio's own operations are alike
+      // either way.
+      beast::error_code ignored;
+      self->client_.socket().non_blocking(true, ignored);
+      self->ReadHeader();
+    });
   }
 
   // From Stop(): an idle connection is closed now, a busy one after its answer.
@@ -447,6 +453,16 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
     parser_->header_limit(static_cast<uint32_t>(gateway_.options.max_header_bytes));
     client_.expires_after(gateway_.options.idle_timeout);
     idle_ = buffer_.size() == 0;
+    // A request already here (read by the client watch, or pipelined) is parsed at once:
+    // async_read_header would end with a zero-byte read of the socket to post its completion,
+    // a system call (EAGAIN) and a trip through the scheduler each request.
+    if (!idle_) {
+      beast::error_code error;
+      const size_t used = parser_->put(buffer_.data(), error);
+      buffer_.consume(used);
+      // need_more: the rest of the header is still to come, read into the same parser.
+      if (error != http::error::need_more) return OnHeader(error, used);
+    }
     http::async_read_header(
         client_, buffer_, *parser_,
         beast::bind_front_handler(&ClientSession::OnHeader, shared_from_this()));
@@ -625,6 +641,16 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
       stream_parser_->body_limit(gateway_.options.max_body_bytes);
       return BeginExchange();
     }
+    // The body's bytes already read with the header go in now, as above.
+    parser_->eager(true);
+    while (!parser_->is_done() && buffer_.size() > 0) {
+      beast::error_code error;
+      const size_t used = parser_->put(buffer_.data(), error);
+      buffer_.consume(used);
+      if (error == http::error::need_more) break;
+      if (error) return OnBody(error, 0);
+      if (used == 0) break;
+    }
     if (parser_->is_done()) return OnBody({}, 0);
     client_.expires_after(gateway_.options.idle_timeout);
     http::async_read(client_, buffer_, *parser_,
@@ -702,13 +728,21 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
   void WatchClient() {
     if (buffer_.size() > 0) return;  // a pipelined request is already here
     watching_ = true;
-    client_.async_read_some(buffer_.prepare(1024),
-                            [self = shared_from_this()](beast::error_code error, size_t bytes) {
-                              self->watching_ = false;
-                              self->buffer_.commit(bytes);
-                              if (self->exchange_done_) return self->AfterExchange();
-                              if (error && bytes == 0) self->ClientGone();
-                            });
+    // A wait, then a read of what came: a read started now would first try the socket (Asio
+    // reads speculatively), an EAGAIN each request, as the client sends nothing while it waits.
+    client_.socket().async_wait(
+        tcp::socket::wait_read, [self = shared_from_this()](beast::error_code error) {
+          self->watching_ = false;
+          size_t bytes = 0;
+          if (!error) {
+            // Non-blocking (set at the session's start): readable means data, an end or an error.
+            bytes = self->client_.socket().read_some(self->buffer_.prepare(1024), error);
+            self->buffer_.commit(bytes);
+          }
+          if (self->exchange_done_) return self->AfterExchange();
+          if (error == asio::error::would_block) return self->WatchClient();
+          if (error && bytes == 0) self->ClientGone();
+        });
   }
 
   void ClientGone() {
@@ -1211,6 +1245,17 @@ class ClientSession : public std::enable_shared_from_this<ClientSession> {
       }
       CloseUpstream();
       return UpstreamDone(false);
+    }
+    // What was read with this piece (a burst of a stream's events, each its own chunk) goes out
+    // with it in one write, as nginx does, instead of a write and a read per chunk.
+    while (!upstream_parser_->is_done() && upstream_buffer_.size() > 0 &&
+           upstream_parser_->get().body().size > 0) {
+      beast::error_code put_error;
+      const size_t used = upstream_parser_->put(upstream_buffer_.data(), put_error);
+      upstream_buffer_.consume(used);
+      if (put_error == http::error::need_more || put_error == http::error::need_buffer) break;
+      if (put_error) return OnRelayRead(put_error, 0);
+      if (used == 0) break;
     }
     const size_t got = sizeof relay_buffer_ - upstream_parser_->get().body().size;
     if (got == 0 && !upstream_parser_->is_done()) return RelayRead();

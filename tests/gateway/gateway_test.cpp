@@ -463,6 +463,40 @@ TEST(GatewayProxy, SseChunksReachTheClientBeforeTheStreamEnds) {
             std::string::npos);
 }
 
+// Requests that arrive together (pipelined, or a header with its body) are parsed from what the
+// gateway has read already, without another read of the socket: each is answered, in order,
+// a body split over the header's read and the next read arrives whole, and a malformed request
+// behind good ones is answered 400 after theirs.
+TEST(GatewayProxy, PipelinedRequestsAreAnsweredInOrder) {
+  Backend backend([](const BackendRequest& request, BackendConnection& connection) {
+    connection.Respond(200,
+                       fmt::format("{} {} [{}]", request.method, request.target, request.body));
+    return true;
+  });
+  auto gateway = StartGateway(TestOptions());
+  gateway->SetRoutes({MakeRoute("echo", {backend.endpoint("r1")})});
+  Client client(gateway->port());
+  client.WriteRaw(
+      "POST /d/echo/one HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nfirst"
+      "GET /d/echo/two HTTP/1.1\r\nHost: x\r\n\r\n"
+      "POST /d/echo/three HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nsplit");
+  std::string all = client.ReadUntil("GET /two []");
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  client.WriteRaw(" body");
+  all = client.ReadUntil("POST /three [split body]");
+  const size_t one = all.find("POST /one [first]");
+  const size_t two = all.find("GET /two []");
+  const size_t three = all.find("POST /three [split body]");
+  ASSERT_NE(one, std::string::npos) << all;
+  ASSERT_NE(three, std::string::npos) << all;
+  EXPECT_LT(one, two);
+  EXPECT_LT(two, three);
+  client.WriteRaw("GET /d/echo/four HTTP/1.1\r\nHost: x\r\n\r\nNOT HTTP\r\n\r\n");
+  all = client.ReadUntil("400 Bad Request");
+  EXPECT_NE(all.find("GET /four []"), std::string::npos) << all;
+  EXPECT_LT(all.find("GET /four []"), all.find("400 Bad Request")) << all;
+}
+
 TEST(GatewayProxy, ChunkedAnswerToAnHttp10ClientIsClosedDelimited) {
   Backend backend([](const BackendRequest&, BackendConnection& connection) {
     connection.Write(
