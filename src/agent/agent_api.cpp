@@ -1,14 +1,22 @@
 #include "agent/agent_api.h"
 
+#include <atomic>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstring>
+#include <fstream>
+#include <memory>
 #include <set>
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include "agent/gpu_metrics.h"
 #include "core/version.h"
+#include "net/secrets.h"
 
 namespace gpufleet::agent {
 namespace {
@@ -228,6 +236,8 @@ net::HttpResponse HandleHealth(const AgentCore& core, const AgentApiOptions& opt
   json["backend"] = snapshot.backend;
   json["driver_version"] = snapshot.driver_version;
   json["standalone"] = options.standalone;
+  json["api_authentication"] =
+      options.api_key.empty() ? "none (standalone: loopback only)" : "agent key";
   if (options.control_loop) {
     const ControlLoopStatus loop = options.control_loop->Status();
     json["control_plane"] = {{"server", options.control_loop->options().server_url},
@@ -431,15 +441,92 @@ std::optional<ListenAddress> ParseListenAddress(std::string_view text, std::stri
   return address;
 }
 
+std::string NewApiKey() {
+  return "gpa_" + net::RandomHex(32);
+}
+
+std::optional<std::string> WriteApiKeyFile(const std::string& path, const std::string& key) {
+  const std::string temporary = path + ".tmp";
+  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return fmt::format("cannot write {}: {}", temporary, std::strerror(errno));
+  const std::string line = key + "\n";
+  const bool written = ::fchmod(fd, 0600) == 0 &&
+                       ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+  const int saved = errno;
+  ::close(fd);
+  if (!written || ::rename(temporary.c_str(), path.c_str()) != 0) {
+    ::unlink(temporary.c_str());
+    return fmt::format("cannot write {}: {}", path, std::strerror(written ? errno : saved));
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> ReadApiKeyFile(const std::string& path, std::string& error) {
+  std::ifstream in(path);
+  std::string key;
+  if (!in || !std::getline(in, key)) {
+    error = fmt::format("cannot read the agent's API key from {}", path);
+    return std::nullopt;
+  }
+  while (!key.empty() && (key.back() == '\r' || key.back() == ' '))
+    key.pop_back();
+  if (key.empty()) {
+    error = fmt::format("{} holds no API key", path);
+    return std::nullopt;
+  }
+  return key;
+}
+
 net::Router MakeAgentRouter(AgentCore& core, AgentApiOptions options) {
   net::Router router;
+  // Refused calls, by reason, for /metrics.
+  struct Refusals {
+    std::atomic<uint64_t> missing{0};
+    std::atomic<uint64_t> wrong{0};
+  };
+  auto refusals = std::make_shared<Refusals>();
+  // Every /v1 route goes through this: only the holder of the key (the control plane, or root
+  // on the node through the key file) may start, stop or read workloads.
+  auto add = [&router, refusals, key = options.api_key](
+                 std::string method, std::string_view pattern, net::HttpHandler handler) {
+    if (key.empty()) return router.Add(std::move(method), pattern, std::move(handler));
+    router.Add(std::move(method), pattern,
+               [refusals, key, handler = std::move(handler)](const net::HttpRequest& request) {
+                 const auto presented = net::BearerToken(request.Header("Authorization"));
+                 if (!presented) {
+                   ++refusals->missing;
+                   net::HttpResponse refusal = net::HttpResponse::Error(
+                       401,
+                       "this agent is managed by a control plane: its API needs the agent's key "
+                       "(Authorization: Bearer; on the node, the key file in the data dir)");
+                   refusal.headers.emplace_back("WWW-Authenticate", "Bearer");
+                   return refusal;
+                 }
+                 if (!net::ConstantTimeEquals(*presented, key)) {
+                   ++refusals->wrong;
+                   return net::HttpResponse::Error(401, "wrong agent API key");
+                 }
+                 return handler(request);
+               });
+  };
   router.Add("GET", "/healthz",
              [&core, options](const net::HttpRequest&) { return HandleHealth(core, options); });
-  router.Add("GET", "/metrics", [&core](const net::HttpRequest&) {
-    return net::HttpResponse::Text(200, core.MetricsText(), std::string(kPrometheusContentType));
-  });
-  router.Add("GET", "/v1/gpus", [&core](const net::HttpRequest&) { return HandleGpus(core); });
-  router.Add("POST", "/v1/workloads", [&core](const net::HttpRequest& request) {
+  router.Add(
+      "GET", "/metrics",
+      [&core, refusals, authenticated = !options.api_key.empty()](const net::HttpRequest&) {
+        std::string text = core.MetricsText();
+        if (authenticated)
+          text += fmt::format(
+              "# HELP gpufleet_agent_api_refused_total Calls to the agent's /v1 API refused, by "
+              "reason.\n"
+              "# TYPE gpufleet_agent_api_refused_total counter\n"
+              "gpufleet_agent_api_refused_total{{reason=\"no_credentials\"}} {}\n"
+              "gpufleet_agent_api_refused_total{{reason=\"wrong_key\"}} {}\n",
+              refusals->missing.load(), refusals->wrong.load());
+        return net::HttpResponse::Text(200, std::move(text), std::string(kPrometheusContentType));
+      });
+  add("GET", "/v1/gpus", [&core](const net::HttpRequest&) { return HandleGpus(core); });
+  add("POST", "/v1/workloads", [&core](const net::HttpRequest& request) {
     auto parsed = ParseLaunchRequest(request.body);
     if (!parsed.ok()) return ErrorResponse(parsed.error());
     auto launched = core.Launch(parsed.value());
@@ -448,18 +535,18 @@ net::Router MakeAgentRouter(AgentCore& core, AgentApiOptions options) {
     response.headers.emplace_back("Location", "/v1/workloads/" + launched.value().status.id);
     return response;
   });
-  router.Add("GET", "/v1/workloads", [&core](const net::HttpRequest&) {
+  add("GET", "/v1/workloads", [&core](const net::HttpRequest&) {
     Json workloads = Json::array();
     for (const WorkloadView& view : core.List())
       workloads.push_back(WorkloadToJson(view));
     return JsonResponse(200, Json{{"workloads", std::move(workloads)}});
   });
-  router.Add("GET", "/v1/workloads/{id}", [&core](const net::HttpRequest& request) {
+  add("GET", "/v1/workloads/{id}", [&core](const net::HttpRequest& request) {
     auto view = core.Get(request.PathParam("id"));
     if (!view.ok()) return ErrorResponse(view.error());
     return JsonResponse(200, WorkloadToJson(view.value()));
   });
-  router.Add("POST", "/v1/workloads/{id}/cancel", [&core](const net::HttpRequest& request) {
+  add("POST", "/v1/workloads/{id}/cancel", [&core](const net::HttpRequest& request) {
     AgentError error;
     auto body = ParseObject(request.body, {"grace"}, true, error);
     if (!body) return ErrorResponse(error);
@@ -474,9 +561,9 @@ net::Router MakeAgentRouter(AgentCore& core, AgentApiOptions options) {
     if (!view.ok()) return ErrorResponse(view.error());
     return JsonResponse(200, WorkloadToJson(view.value()));
   });
-  router.Add("GET", "/v1/workloads/{id}/logs",
-             [&core](const net::HttpRequest& request) { return HandleLogs(core, request); });
-  router.Add("POST", "/v1/sim/faults", [&core](const net::HttpRequest& request) {
+  add("GET", "/v1/workloads/{id}/logs",
+      [&core](const net::HttpRequest& request) { return HandleLogs(core, request); });
+  add("POST", "/v1/sim/faults", [&core](const net::HttpRequest& request) {
     if (!core.simulated())
       return net::HttpResponse::Error(
           409, fmt::format("fault injection needs simulated GPUs (--sim-gpus); this agent uses "

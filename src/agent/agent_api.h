@@ -13,6 +13,10 @@
 //   GET  /v1/workloads/{id}/logs               ?stream=stdout|stderr&tail=N, or &offset=N
 //                                              (X-Log-Next-Offset, X-Log-Finished, X-Log-Skipped)
 //   POST /v1/sim/faults                        {gpu, kind, code}; simulated GPUs only (else 409)
+//
+// With an api_key (an agent that syncs with a server), every /v1 route needs
+// "Authorization: Bearer <api_key>" (401 otherwise, counted in /metrics); /healthz and /metrics
+// stay open, as telemetry. Without one (--standalone) the agent listens on loopback only.
 
 #include <cstdint>
 #include <optional>
@@ -29,6 +33,8 @@ struct AgentApiOptions {
   bool standalone = true;  // no control plane; reported by /healthz
   // When it syncs with a server: /healthz shows the loop's state under "control_plane".
   const ControlLoop* control_loop = nullptr;
+  // The credential every /v1 call must carry; empty: none (standalone, loopback only).
+  std::string api_key;
 };
 
 net::Router MakeAgentRouter(AgentCore& core, AgentApiOptions options = {});
@@ -38,6 +44,13 @@ net::Router MakeAgentRouter(AgentCore& core, AgentApiOptions options = {});
 AgentResult<LaunchRequest> ParseLaunchRequest(std::string_view json);
 // The body of POST /v1/sim/faults.
 AgentResult<SimFault> ParseFaultRequest(std::string_view json);
+
+// A new API key ("gpa_" and 64 hex digits from the CSPRNG).
+std::string NewApiKey();
+// Writes `key` to `path` (mode 0600, replaced atomically), for `agent status|inject` on the node.
+std::optional<std::string> WriteApiKeyFile(const std::string& path, const std::string& key);
+// The key in `path`'s first line; nothing (and `error`) when unreadable or empty.
+std::optional<std::string> ReadApiKeyFile(const std::string& path, std::string& error);
 
 std::string WorkloadJson(const WorkloadView& view);
 std::string GpuJson(const GpuView& view);

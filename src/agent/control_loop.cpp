@@ -213,6 +213,7 @@ api::WorkloadReport ControlLoop::State::ReportOf(const WorkloadView& view) const
 
 api::SyncRequest ControlLoop::State::BuildRequest(int32_t wait_ms) {
   api::SyncRequest request;
+  request.agent_key = options.api_key;
   api::NodeReport& node = request.node;
   node.name = options.node_name.empty() ? core.hostname() : options.node_name;
   node.address = options.address;

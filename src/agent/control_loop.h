@@ -30,6 +30,7 @@ struct ControlLoopOptions {
   std::string node_name;   // empty: core.hostname()
   std::string address = "127.0.0.1";  // the IP other nodes reach this one at (MASTER_ADDR)
   std::string agent_url;              // this agent's API, through which the server reads logs
+  std::string api_key;  // what the server must send to agent_url (AgentApiOptions::api_key)
   std::string rack;
   std::string spine;
   TimeMs wait_ms = 5000;  // how long the server may hold a sync (the long poll)

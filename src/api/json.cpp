@@ -620,12 +620,14 @@ void to_json(json& out, const SyncRequest& value) {
              {"workloads", value.workloads},
              {"known_version", value.known_version},
              {"wait_ms", value.wait_ms}};
+  if (!value.agent_key.empty()) out["agent_key"] = value.agent_key;
 }
 void from_json(const json& in, SyncRequest& value) {
   Read(in, "node", value.node);
   Read(in, "workloads", value.workloads);
   Read(in, "known_version", value.known_version);
   Read(in, "wait_ms", value.wait_ms);
+  Read(in, "agent_key", value.agent_key);
 }
 
 void to_json(json& out, const TaskLaunch& value) {

@@ -226,6 +226,9 @@ struct SyncRequest {
   // its own is newer, else waits up to wait_ms for a change (a long poll).
   uint64_t known_version = 0;
   int32_t wait_ms = 0;
+  // The credential the server must present to the agent's own API (logs): the agent makes it,
+  // the server keeps it in memory only and never shows it (docs/security.md).
+  std::string agent_key;
 };
 
 // One task the node should be running.

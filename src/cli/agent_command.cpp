@@ -148,6 +148,18 @@ int RunDaemon(const AgentArgs& args) {
     fmt::print(stderr, "error: --standalone and --server contradict each other: pick one\n");
     return kExitUsage;
   }
+  if (!managed && !IsLoopback(listen->host)) {
+    fmt::print(stderr,
+               "error: a standalone agent's API has no authentication, so it listens on loopback "
+               "only (--listen 127.0.0.1:PORT), not on {}; to serve other machines, run it under "
+               "a control plane (--server URL)\n",
+               listen->host);
+    return kExitUsage;
+  }
+  if (args.tls_cert.empty() != args.tls_key.empty()) {
+    fmt::print(stderr, "error: --tls-cert and --tls-key go together: give both, or neither\n");
+    return kExitUsage;
+  }
   std::string token;
   if (managed) {
     auto resolved = ResolveToken(args, error);
@@ -175,6 +187,8 @@ int RunDaemon(const AgentArgs& args) {
   server_options.port = listen->port;
   // Launches wait for the shim (tens of ms): extra threads keep scrapes from waiting behind them.
   server_options.io_threads = 4;
+  server_options.tls_cert_file = args.tls_cert;
+  server_options.tls_key_file = args.tls_key;
   // The loop exists before the router (which shows its state in /healthz); it starts once the
   // port is known.
   std::unique_ptr<agent::ControlLoop> loop;
@@ -193,6 +207,14 @@ int RunDaemon(const AgentArgs& args) {
                                                        : std::string("127.0.0.1");
     loop_options.rack = args.rack;
     loop_options.spine = args.spine;
+    // A new key each start: the server learns it from the next sync, and root on the node reads
+    // it from the data dir (agent status|inject).
+    api_options.api_key = loop_options.api_key = agent::NewApiKey();
+    if (auto key_error =
+            agent::WriteApiKeyFile(core->data_dir() + "/api-key", api_options.api_key)) {
+      fmt::print(stderr, "error: {}\n", *key_error);
+      return kExitFailure;
+    }
     loop = std::make_unique<agent::ControlLoop>(*core, loop_options);
     api_options.control_loop = loop.get();
   }
@@ -206,27 +228,29 @@ int RunDaemon(const AgentArgs& args) {
   }
   std::unique_ptr<net::HttpServer> server = std::move(started.server);
 
-  std::string mode = "standalone (no control plane)";
+  std::string mode = "standalone (no control plane; API unauthenticated, loopback only)";
   if (loop) {
     // The server reads logs through this URL, which names the port only now known.
-    loop->set_agent_url(fmt::format("http://{}:{}",
+    loop->set_agent_url(fmt::format("{}://{}:{}", args.tls_cert.empty() ? "http" : "https",
                                     IsWildcard(listen->host) ? loop_options.address : listen->host,
                                     server->port()));
     if (auto loop_error = loop->Start()) {
       fmt::print(stderr, "error: {}\n", *loop_error);
       return kExitUsage;
     }
-    mode = fmt::format("syncing with {} as node {} (address {}, agent URL {})", args.server,
-                       args.hostname.empty() ? core->hostname() : args.hostname,
-                       loop_options.address, loop->options().agent_url);
+    mode =
+        fmt::format("syncing with {} as node {} (address {}, agent URL {}, API key in {}/api-key)",
+                    args.server, args.hostname.empty() ? core->hostname() : args.hostname,
+                    loop_options.address, loop->options().agent_url, core->data_dir());
   }
 
   // One line that says what this agent is; scripts read the address from it.
   fmt::print(
-      "gpufleet agent {}: backend {}, {}, listening on http://{}, data dir {}, sampling "
+      "gpufleet agent {}: backend {}, {}, listening on {}://{}, data dir {}, sampling "
       "every {}, {}\n",
-      kVersion, BackendDescription(*core), core->DescribeGpus(), server->address(),
-      core->data_dir(), FormatInterval(core->sample_interval_ms()), mode);
+      kVersion, BackendDescription(*core), core->DescribeGpus(),
+      args.tls_cert.empty() ? "http" : "https", server->address(), core->data_dir(),
+      FormatInterval(core->sample_interval_ms()), mode);
   for (const std::string& note : core->startup_notes())
     fmt::print("  {}\n", note);
   if (loop && IsLoopback(loop_options.address)) {
@@ -487,10 +511,33 @@ std::string ErrorMessage(const net::HttpClientResponse& response) {
   return fmt::format("HTTP {}: {}", response.status, response.body);
 }
 
+// How `agent status|inject` call the agent: with its key (--api-key-file, else the data dir's
+// api-key when there is one: a managed agent wants it, a standalone one has none).
+std::optional<net::HttpCallOptions> AgentCall(const AgentArgs& args) {
+  net::HttpCallOptions call;
+  call.ca_file = args.ca_file_for_agent;
+  std::string path = args.api_key_file;
+  if (path.empty()) {
+    path = args.data_dir + "/api-key";
+    if (::access(path.c_str(), F_OK) != 0) return call;
+  }
+  std::string error;
+  auto key = agent::ReadApiKeyFile(path, error);
+  if (!key) {
+    fmt::print(stderr, "error: {}\n", error);
+    return std::nullopt;
+  }
+  call.headers.emplace_back("Authorization", "Bearer " + *key);
+  return call;
+}
+
 int RunInject(const AgentArgs& args) {
   nlohmann::ordered_json body = {{"gpu", args.gpu}, {"kind", args.kind}, {"code", args.code}};
   const std::string url = AgentUrl(args, "/v1/sim/faults");
-  net::HttpResult result = net::HttpPost(url, body.dump());
+  auto call = AgentCall(args);
+  if (!call) return kExitUsage;
+  call->body = body.dump();
+  net::HttpResult result = net::HttpCall("POST", url, *call);
   if (!result.ok()) {
     fmt::print(stderr, "error: {}\n", result.error);
     return kExitFailure;
@@ -525,13 +572,19 @@ std::string Cell(const nlohmann::json& value, std::string_view unit = "") {
 
 int RunStatus(const AgentArgs& args) {
   std::vector<nlohmann::json> documents;
+  auto call = AgentCall(args);
+  if (!call) return kExitUsage;
   for (std::string_view path : {"/healthz", "/v1/gpus", "/v1/workloads"}) {
-    net::HttpResult result = net::HttpGet(AgentUrl(args, path));
+    net::HttpResult result = net::HttpCall("GET", AgentUrl(args, path), *call);
     if (!result.ok()) {
       fmt::print(stderr, "error: {}\n", result.error);
       return kExitFailure;
     }
     auto document = nlohmann::json::parse(result.response->body, nullptr, false);
+    if (result.response->status == 401) {
+      fmt::print(stderr, "error: {}{}: {}\n", args.agent_url, path, ErrorMessage(*result.response));
+      return kExitFailure;
+    }
     if (document.is_discarded() || !document.is_object()) {
       fmt::print(stderr, "error: {}{}: not a gpufleet agent answer (HTTP {})\n", args.agent_url,
                  path, result.response->status);
@@ -614,8 +667,13 @@ CLI::App* AddAgentCommand(CLI::App& app, AgentArgs& args) {
                     "host, or 127.0.0.1)");
   agent->add_option("--rack", args.rack, "This node's rack (leaf switch), for placement");
   agent->add_option("--spine", args.spine, "This node's spine switch, for placement");
-  agent->add_option("--listen", args.listen, "HTTP API address (port 0: any free port)")
+  agent
+      ->add_option("--listen", args.listen,
+                   "HTTP API address (port 0: any free port); standalone: loopback only")
       ->capture_default_str();
+  agent->add_option("--tls-cert", args.tls_cert,
+                    "Serve the agent's API over HTTPS with this PEM certificate; needs --tls-key");
+  agent->add_option("--tls-key", args.tls_key, "The PEM private key of --tls-cert");
   agent->add_option("--interval", args.interval, "GPU sampling interval")->capture_default_str();
   AddBackendOptions(*agent, args);
 
@@ -650,6 +708,11 @@ CLI::App* AddAgentCommand(CLI::App& app, AgentArgs& args) {
       agent->add_subcommand("status", "Show a running agent's GPUs, health and workloads");
   args.status->add_option("--agent", args.agent_url, "The agent's URL")->capture_default_str();
   args.status->add_flag("--json", args.json, "Print the agent's answers as JSON");
+  for (CLI::App* command : {args.inject, args.status}) {
+    command->add_option("--api-key-file", args.api_key_file,
+                        "The agent's API key (default: .gpufleet/agent/api-key when it exists)");
+    command->add_option("--ca-file", args.ca_file_for_agent, "PEM CA of an https:// --agent");
+  }
   return agent;
 }
 

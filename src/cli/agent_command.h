@@ -29,6 +29,9 @@ struct AgentArgs {
   std::string address;  // advertised to the server (MASTER_ADDR); default from --listen
   std::string rack;
   std::string spine;
+  // HTTPS for the agent's own API (the server reads logs through it; --agent-ca-file there).
+  std::string tls_cert;
+  std::string tls_key;
 
   // agent run
   int32_t gpus = 0;
@@ -43,6 +46,8 @@ struct AgentArgs {
 
   // agent inject / agent status
   std::string agent_url = "http://127.0.0.1:9400";
+  std::string api_key_file;       // default: <data dir>/api-key when it exists
+  std::string ca_file_for_agent;  // an https:// --agent's CA
   int32_t gpu = 0;
   std::string kind;
   int64_t code = 0;

@@ -248,10 +248,18 @@ int RunDev(const DevArgs& args) {
   loop_options.token = *agent_token;
   loop_options.address = agent_listen->host;
   loop_options.log = log_to("agent");
+  // The agent's API wants its key even on loopback: other local users must not start work.
+  loop_options.api_key = agent::NewApiKey();
+  if (auto key_error =
+          agent::WriteApiKeyFile(core->data_dir() + "/api-key", loop_options.api_key)) {
+    fmt::print(stderr, "error: {}\n", *key_error);
+    return kExitFailure;
+  }
   auto loop = std::make_unique<agent::ControlLoop>(*core, loop_options);
   agent::AgentApiOptions api_options;
   api_options.standalone = false;
   api_options.control_loop = loop.get();
+  api_options.api_key = loop_options.api_key;
   net::Router router = agent::MakeAgentRouter(*core, api_options);
   net::HttpServerOptions agent_http;
   agent_http.host = agent_listen->host;

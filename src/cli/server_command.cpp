@@ -66,6 +66,7 @@ std::optional<server::ServerOptions> Options(const ServerArgs& args) {
   }
   options.tls_cert_file = args.tls_cert;
   options.tls_key_file = args.tls_key;
+  options.agent_ca_file = args.agent_ca_file;
   if (!args.checkpoint_root.empty() && args.checkpoint_root.front() != '/') {
     fmt::print(stderr,
                "error: --checkpoint-root '{}' must be an absolute path (agents resolve it on "
@@ -284,6 +285,9 @@ CLI::App* AddServerCommand(CLI::App& app, ServerArgs& args) {
   command->add_option("--tls-cert", args.tls_cert,
                       "Serve HTTPS with this PEM certificate (chain); needs --tls-key");
   command->add_option("--tls-key", args.tls_key, "The PEM private key of --tls-cert");
+  command->add_option("--agent-ca-file", args.agent_ca_file,
+                      "PEM CA that signed the certificates of agents serving HTTPS "
+                      "(agent --tls-cert); default: the system's CAs");
   command->add_option("--checkpoint-root", args.checkpoint_root,
                       "Shared storage every node mounts here: jobs checkpoint to "
                       "<root>/job-<id> (default: each agent's data dir)");

@@ -43,6 +43,7 @@ struct ServerArgs {
   SchedulerArgs scheduler;
   std::string tls_cert;  // both or neither: HTTPS
   std::string tls_key;
+  std::string agent_ca_file;  // trusted CA for agents serving https
   std::string checkpoint_root;
 };
 

@@ -13,8 +13,8 @@
 #include <unistd.h>
 
 #include "api/json.h"
+#include "net/secrets.h"
 #include "sched/scheduler.h"
-#include "server/auth.h"
 #include "server/lifecycle.h"
 #include "server/server_impl.h"
 #include "store/sqlite_store.h"
@@ -551,16 +551,16 @@ CreatedToken Server::Impl::CreateTokenLocked(const std::string& user, const std:
                                              api::Role role, const Caller& actor, TimeMs now,
                                              std::vector<Mutation>& batch) {
   CreatedToken created;
-  created.secret = NewTokenSecret();
+  created.secret = net::NewTokenSecret();
   do {
-    created.info.id = NewTokenId();
+    created.info.id = net::NewTokenId();
   } while (tokens.count(created.info.id));
   created.info.user = user;
   created.info.team = team;
   created.info.role = role;
   created.info.created_ms = now;
   created.info.created_by = actor.info.user;
-  TokenEntry entry{created.info, Sha256Hex(created.secret)};
+  TokenEntry entry{created.info, net::Sha256Hex(created.secret)};
   json stored = entry.info;
   stored["sha256"] = entry.sha256;
   batch.push_back(Mutation::Put(TokenKey(entry.info.id), stored.dump()));

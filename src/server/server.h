@@ -31,6 +31,9 @@ struct ServerOptions {
   // HTTPS with this PEM certificate (chain) and key when both are set; plain HTTP otherwise.
   std::string tls_cert_file;
   std::string tls_key_file;
+  // For agents whose API is https (agent --tls-cert): the PEM CA that signed their certificates;
+  // empty: the system's CAs.
+  std::string agent_ca_file;
   // A directory every node sees (shared storage) for jobs' checkpoints; empty: each agent keeps
   // them in its own data dir.
   std::string checkpoint_root;

@@ -14,8 +14,8 @@
 
 #include "api/json.h"
 #include "net/http_client.h"
+#include "net/secrets.h"
 #include "sched/scheduler.h"
-#include "server/auth.h"
 #include "server/lifecycle.h"
 #include "server/server_impl.h"
 
@@ -315,6 +315,7 @@ void JobLogs(Impl& s, const HttpRequest& request, const Caller& caller, HttpResp
         400, fmt::format("'stream' must be stdout or stderr, not '{}'", stream)));
   std::string url;
   std::string node;
+  std::string agent_key;
   {
     std::lock_guard lock(s.mu);
     JobRecord* job = FindJobLocked(s, request, caller, respond);
@@ -341,11 +342,15 @@ void JobLogs(Impl& s, const HttpRequest& request, const Caller& caller, HttpResp
       agent_url.pop_back();
     url = fmt::format("{}/v1/workloads/{}/logs?stream={}&offset={}", agent_url, status.workload_id,
                       stream, *offset);
+    agent_key = it->second.agent_key;
   }
   // The agent may be slow or gone: the call runs on the proxy pool, never on an io thread.
-  s.proxy_pool.Post([url, node, task = *task, respond = std::move(respond)] {
+  s.proxy_pool.Post([url, node, agent_key, ca_file = s.options.agent_ca_file, task = *task,
+                     respond = std::move(respond)] {
     net::HttpCallOptions call;
     call.timeout = kLogProxyTimeout;
+    call.ca_file = ca_file;
+    if (!agent_key.empty()) call.headers.emplace_back("Authorization", "Bearer " + agent_key);
     net::HttpResult result = net::HttpCall("GET", url, call);
     if (!result.ok())
       return respond(HttpResponse::Error(
@@ -653,6 +658,9 @@ void Sync(Impl& s, const HttpRequest& request, const Caller&, HttpResponder resp
   } catch (const std::exception& error) {
     return respond(HttpResponse::Error(400, fmt::format("bad sync request: {}", error.what())));
   }
+  if (sync.agent_key.size() > 256)
+    return respond(HttpResponse::Error(
+        400, fmt::format("agent_key is {} bytes; at most 256", sync.agent_key.size())));
   const std::string name = sync.node.name;
   if (!ValidNodeName(name))
     return respond(HttpResponse::Error(
@@ -687,6 +695,7 @@ void Sync(Impl& s, const HttpRequest& request, const Caller&, HttpResponder resp
     persist = persist || IdentityDiffers(node.record.report, sync.node);
   }
   node.record.report = std::move(sync.node);
+  node.agent_key = std::move(sync.agent_key);
   node.record.last_seen_ms = now;
   node.last_seen = std::chrono::steady_clock::now();
   if (s.options.idle_gpu_timeout_ms > 0) s.TrackIdleLocked(name, now);
@@ -985,16 +994,16 @@ void Authorized(Impl& s, const HttpRequest& request, const std::vector<Role>& ro
 }  // namespace
 
 std::optional<Caller> Server::Impl::Authenticate(const HttpRequest& request) const {
-  auto secret = BearerToken(request.Header("Authorization"));
-  if (!secret || !IsWellFormedSecret(*secret)) return std::nullopt;
-  const std::string digest = Sha256Hex(*secret);
+  auto secret = net::BearerToken(request.Header("Authorization"));
+  if (!secret || !net::IsWellFormedSecret(*secret)) return std::nullopt;
+  const std::string digest = net::Sha256Hex(*secret);
   std::lock_guard lock(mu);
   // Looked up by digest: timing can reveal at most something about a SHA-256 output, which does
   // not help guess a secret; the final comparison is constant-time all the same.
   auto id = token_by_sha256.find(digest);
   if (id == token_by_sha256.end()) return std::nullopt;
   auto token = tokens.find(id->second);
-  if (token == tokens.end() || !ConstantTimeEquals(token->second.sha256, digest))
+  if (token == tokens.end() || !net::ConstantTimeEquals(token->second.sha256, digest))
     return std::nullopt;
   return Caller{token->second.info};
 }

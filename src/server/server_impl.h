@@ -97,6 +97,8 @@ struct Server::Impl {
     uint64_t version = 0;  // of the node's desired state
     SteadyTime last_seen;  // liveness on the steady clock; record.last_seen_ms is for people
     std::vector<Parked> parked;
+    // What the agent's API wants of the server (from its syncs; memory only, never shown).
+    std::string agent_key;
   };
   struct TokenEntry {
     api::TokenInfo info;

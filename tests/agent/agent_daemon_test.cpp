@@ -93,11 +93,11 @@ class AgentDaemonTest : public ::testing::Test {
     return options;
   }
 
-  void StartAgent(AgentOptions options) {
+  void StartAgent(AgentOptions options, AgentApiOptions api_options = {}) {
     auto opened = AgentCore::Open(std::move(options));
     ASSERT_TRUE(opened.ok()) << opened.error().message;
     core_ = std::move(opened).value();
-    router_ = std::make_unique<net::Router>(MakeAgentRouter(*core_));
+    router_ = std::make_unique<net::Router>(MakeAgentRouter(*core_, std::move(api_options)));
     auto started = net::HttpServer::Start(
         {}, [this](const net::HttpRequest& request) { return router_->Handle(request); });
     ASSERT_TRUE(started.server) << started.error;
@@ -154,6 +154,80 @@ class AgentDaemonTest : public ::testing::Test {
   std::mutex log_mutex_;
   std::vector<std::string> log_;
 };
+
+TEST_F(AgentDaemonTest, AManagedAgentsApiWantsItsKeyOnEveryWorkloadRoute) {
+  AgentApiOptions api_options;
+  api_options.standalone = false;
+  api_options.api_key = NewApiKey();
+  ASSERT_NO_FATAL_FAILURE(StartAgent(SimOptions(), api_options));
+  const std::string launch = R"({"argv": ["true"], "gpus": [0]})";
+  auto call = [&](const std::string& method, const std::string& target,
+                  const std::string& authorization) {
+    net::HttpCallOptions options;
+    options.body = method == "POST" ? launch : "";
+    if (!authorization.empty()) options.headers.emplace_back("Authorization", authorization);
+    net::HttpResult result = net::HttpCall(method, Url(target), options);
+    EXPECT_TRUE(result.ok()) << result.error;
+    return result.response.value_or(net::HttpClientResponse{});
+  };
+  const std::vector<std::pair<std::string, std::string>> routes = {
+      {"GET", "/v1/gpus"},
+      {"POST", "/v1/workloads"},
+      {"GET", "/v1/workloads"},
+      {"GET", "/v1/workloads/w1"},
+      {"POST", "/v1/workloads/w1/cancel"},
+      {"GET", "/v1/workloads/w1/logs"},
+      {"POST", "/v1/sim/faults"}};
+  for (const auto& [method, target] : routes) {
+    SCOPED_TRACE(method + " " + target);
+    net::HttpClientResponse missing = call(method, target, "");
+    EXPECT_EQ(missing.status, 401);
+    EXPECT_EQ(missing.Header("WWW-Authenticate"), "Bearer");
+    EXPECT_THAT(missing.body, HasSubstr("needs the agent's key"));
+    EXPECT_EQ(call(method, target, "Bearer gpa_" + std::string(64, '0')).status, 401);
+    EXPECT_EQ(call(method, target, "Basic " + api_options.api_key).status, 401);
+  }
+  EXPECT_TRUE(core_->List().empty()) << "a refused launch started nothing";
+  // The key opens them all; telemetry stays open to scrapers.
+  EXPECT_EQ(call("GET", "/v1/gpus", "Bearer " + api_options.api_key).status, 200);
+  net::HttpClientResponse launched = call("POST", "/v1/workloads", "Bearer " + api_options.api_key);
+  EXPECT_EQ(launched.status, 201) << launched.body;
+  EXPECT_EQ(core_->List().size(), 1u);
+  EXPECT_EQ(Get("/healthz").status, 200);
+  net::HttpClientResponse metrics = Get("/metrics");
+  EXPECT_EQ(metrics.status, 200);
+  EXPECT_THAT(metrics.body, HasSubstr("gpufleet_agent_api_refused_total{reason=\"no_credentials\"} "
+                                      "14\n"));
+  EXPECT_THAT(metrics.body,
+              HasSubstr("gpufleet_agent_api_refused_total{reason=\"wrong_key\"} 7\n"));
+  EXPECT_EQ(Json::parse(Get("/healthz").body).value("api_authentication", ""), "agent key");
+  const std::string id = Json::parse(launched.body).value("id", "");
+  net::HttpCallOptions authorized;
+  authorized.headers.emplace_back("Authorization", "Bearer " + api_options.api_key);
+  WaitUntil(
+      [&] {
+        auto result = net::HttpCall("GET", Url("/v1/workloads/" + id), authorized);
+        return result.ok() && Json::parse(result.response->body).value("state", "") == "exited";
+      },
+      10s);
+  // TearDown reads workloads without the key.
+  EXPECT_FALSE(core_->Forget(id).has_value());
+}
+
+TEST_F(AgentDaemonTest, TheApiKeyFileIsPrivateAndReadsBack) {
+  const std::string path = (root_ / "api-key").string();
+  fs::create_directories(root_);
+  const std::string key = NewApiKey();
+  ASSERT_EQ(key.size(), 4u + 64u);
+  EXPECT_NE(key, NewApiKey());
+  ASSERT_EQ(WriteApiKeyFile(path, key), std::nullopt);
+  EXPECT_EQ(fs::status(path).permissions() & fs::perms::all,
+            fs::perms::owner_read | fs::perms::owner_write);
+  std::string error;
+  EXPECT_EQ(ReadApiKeyFile(path, error), key);
+  EXPECT_EQ(ReadApiKeyFile((root_ / "absent").string(), error), std::nullopt);
+  EXPECT_THAT(error, HasSubstr("cannot read"));
+}
 
 TEST_F(AgentDaemonTest, MetricsHaveDcgmNamesAndLabelsForEightSimulatedGpus) {
   ASSERT_NO_FATAL_FAILURE(StartAgent(SimOptions()));

@@ -443,6 +443,8 @@ def test_tls(gpufleet):
         out = cluster.cli("submit", "--gpus", "1", "--", "echo", "over tls").stdout
         job_id = int(out.split("job ", 1)[1].split()[0].rstrip(":"))
         cluster.wait_state(job_id, "succeeded")
+        # The logs come from the agent's HTTPS API, which the server verifies with --agent-ca-file.
+        check(cluster.agents["node-a"].url.startswith("https://"), "the agent serves HTTPS")
         check(cluster.cli("logs", str(job_id)).stdout == "over tls\n", "logs over TLS")
         env = dict(os.environ, GPUFLEET_SERVER=cluster.url, GPUFLEET_TOKEN=cluster.admin_token)
         env.pop("GPUFLEET_CA_FILE", None)

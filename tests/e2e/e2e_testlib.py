@@ -87,7 +87,11 @@ class Cluster:
         self.ca_file = None
         if tls:
             self.ca_file, key = self.make_certificate()
-            self.server_args += ["--tls-cert", self.ca_file, "--tls-key", key]
+            # The agents serve HTTPS with the same certificate (it names 127.0.0.1): the server
+            # reads their logs over TLS, trusting that CA.
+            self.tls_key = key
+            self.server_args += ["--tls-cert", self.ca_file, "--tls-key", key,
+                                 "--agent-ca-file", self.ca_file]
         self.server = None
         self.url = ""
         self.admin_token = ""
@@ -146,7 +150,8 @@ class Cluster:
         check(status == 201, f"creating a token for {user}: HTTP {status}: {body}")
         return body["token"]
 
-    def start_agent(self, name, address="127.0.0.1", gpus="4xH100-80GB", token=None):
+    def start_agent(self, name, address="127.0.0.1", gpus="4xH100-80GB", token=None,
+                    extra_args=()):
         data_dir = os.path.join(self.root, f"agent-{name}")
         if data_dir not in self.agent_dirs:
             self.agent_dirs.append(data_dir)
@@ -157,9 +162,11 @@ class Cluster:
         agent = Process([self.gpufleet, "agent", "--server", self.url, "--token-file", token_file,
                          "--sim-gpus", gpus, "--hostname", name, "--listen", f"{address}:0",
                          "--address", address, "--data-dir", data_dir,
-                         *(["--ca-file", self.ca_file] if self.ca_file else [])],
+                         *(["--ca-file", self.ca_file, "--tls-cert", self.ca_file,
+                            "--tls-key", self.tls_key] if self.ca_file else []), *extra_args],
                         os.path.join(self.root, f"agent-{name}.log"), f"agent {name}")
-        agent.read_until(r"listening on http://")
+        agent.url = agent.read_until(r"listening on (https?://[\d.:]+)").group(1)
+        agent.data_dir = data_dir
         self.agents[name] = agent
         wait_until(lambda: any(node["report"]["name"] == name and node["state"] == "ready"
                                for node in self.nodes()), 20, f"node {name} ready")

@@ -1,4 +1,4 @@
-#include "server/auth.h"
+#include "net/secrets.h"
 
 #include <array>
 #include <cctype>
@@ -8,7 +8,7 @@
 #include <openssl/evp.h>
 #include <openssl/rand.h>
 
-namespace gpufleet::server {
+namespace gpufleet::net {
 namespace {
 
 constexpr std::string_view kSecretPrefix = "gpf_";
@@ -25,14 +25,14 @@ std::string Hex(const unsigned char* bytes, size_t size) {
   return out;
 }
 
+}  // namespace
+
 std::string RandomHex(size_t bytes) {
   std::array<unsigned char, 64> buffer{};
   if (bytes > buffer.size() || RAND_bytes(buffer.data(), static_cast<int>(bytes)) != 1)
-    throw std::runtime_error("RAND_bytes failed: no randomness for a token");
+    throw std::runtime_error("RAND_bytes failed: no randomness for a secret");
   return Hex(buffer.data(), bytes);
 }
-
-}  // namespace
 
 std::string NewTokenSecret() {
   return std::string(kSecretPrefix) + RandomHex(kSecretBytes);
@@ -77,4 +77,4 @@ std::optional<std::string> BearerToken(std::string_view authorization) {
   return std::string(token);
 }
 
-}  // namespace gpufleet::server
+}  // namespace gpufleet::net

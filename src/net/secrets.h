@@ -1,16 +1,19 @@
 #pragma once
 
-// Bearer tokens: random secrets shown once, kept only as their SHA-256 (docs/api.md, "Roles and
-// teams"). OpenSSL's RAND_bytes and SHA-256 underneath.
+// Secrets: the server's bearer tokens (shown once, kept only as their SHA-256; docs/api.md, "Roles
+// and teams") and the agent's API key (docs/security.md). OpenSSL's RAND_bytes and SHA-256
+// underneath, here in net so the agent and the server share them.
 
 #include <optional>
 #include <string>
 #include <string_view>
 
-namespace gpufleet::server {
+namespace gpufleet::net {
 
 // "gpf_" and 64 hex digits: 32 bytes from the system's CSPRNG.
 std::string NewTokenSecret();
+// `bytes` bytes from the system's CSPRNG as lower-case hex (at most 64 bytes).
+std::string RandomHex(size_t bytes);
 // "tok-" and 8 hex digits: names a token in lists and the audit log; not a secret.
 std::string NewTokenId();
 // Lower-case hex SHA-256 of `text`.
@@ -22,4 +25,4 @@ bool IsWellFormedSecret(std::string_view text);
 // The token of an "Authorization: Bearer <token>" header value; nothing for another scheme.
 std::optional<std::string> BearerToken(std::string_view authorization);
 
-}  // namespace gpufleet::server
+}  // namespace gpufleet::net

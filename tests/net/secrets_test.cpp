@@ -1,15 +1,15 @@
 // Token secrets, their digests and the Authorization header.
 
-#include "server/auth.h"
+#include "net/secrets.h"
 
 #include <set>
 
 #include <gtest/gtest.h>
 
-namespace gpufleet::server {
+namespace gpufleet::net {
 namespace {
 
-TEST(Auth, SecretsAreWellFormedAndDistinct) {
+TEST(Secrets, SecretsAreWellFormedAndDistinct) {
   std::set<std::string> seen;
   for (int i = 0; i < 100; ++i) {
     const std::string secret = NewTokenSecret();
@@ -25,19 +25,19 @@ TEST(Auth, SecretsAreWellFormedAndDistinct) {
   EXPECT_EQ(id.substr(0, 4), "tok-");
 }
 
-TEST(Auth, Sha256MatchesTheStandardVector) {
+TEST(Secrets, Sha256MatchesTheStandardVector) {
   EXPECT_EQ(Sha256Hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
   EXPECT_EQ(Sha256Hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
 }
 
-TEST(Auth, ConstantTimeEqualsComparesWholeStrings) {
+TEST(Secrets, ConstantTimeEqualsComparesWholeStrings) {
   EXPECT_TRUE(ConstantTimeEquals("abc", "abc"));
   EXPECT_FALSE(ConstantTimeEquals("abc", "abd"));
   EXPECT_FALSE(ConstantTimeEquals("abc", "abcd"));
   EXPECT_TRUE(ConstantTimeEquals("", ""));
 }
 
-TEST(Auth, BearerTokenReadsTheHeader) {
+TEST(Secrets, BearerTokenReadsTheHeader) {
   EXPECT_EQ(BearerToken("Bearer gpf_x"), "gpf_x");
   EXPECT_EQ(BearerToken("bearer   gpf_x  "), "gpf_x");
   EXPECT_EQ(BearerToken("Basic dXNlcjpwYXNz"), std::nullopt);
@@ -46,4 +46,4 @@ TEST(Auth, BearerTokenReadsTheHeader) {
 }
 
 }  // namespace
-}  // namespace gpufleet::server
+}  // namespace gpufleet::net

@@ -1,0 +1,121 @@
+"""Security through the real binaries on loopback: what an attacker who reaches a port can and
+cannot do. Each refusal must come with the right status and leave nothing behind (no workload
+started, nothing stored). docs/security.md lists what is tried here.
+
+Usage: security_test.py path/to/gpufleet [test-name ...]"""
+
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "e2e"))
+from e2e_testlib import Cluster, api, check, http, run_tests, wait_until  # noqa: E402
+
+# Every route of the agent's API that starts, stops or reads work.
+AGENT_ROUTES = [("GET", "/v1/gpus"), ("POST", "/v1/workloads"), ("GET", "/v1/workloads"),
+                ("GET", "/v1/workloads/w1"), ("POST", "/v1/workloads/w1/cancel"),
+                ("GET", "/v1/workloads/w1/logs"), ("POST", "/v1/sim/faults")]
+
+
+def test_agent_api_needs_the_control_planes_key(gpufleet):
+    """A managed agent's API refuses every caller without its key (no key, a platform token, a
+    forged key), starts nothing for them and counts them; the server, which learned the key from
+    the agent's syncs, still reads logs; the key is in a 0600 file on the node and nowhere in the
+    server's answers."""
+    with Cluster(gpufleet, "agent-auth") as cluster:
+        cluster.start_server()
+        agent = cluster.start_agent("node-a")
+        marker = os.path.join(cluster.root, "started-by-a-stranger")
+        launch = {"argv": ["touch", marker], "gpus": [0]}
+        user = cluster.token("mallory", "team-m")
+        refused = 0
+        for credential in (None, user, cluster.admin_token, "gpa_" + "0" * 64):
+            for method, path in AGENT_ROUTES:
+                status, text = http(method, agent.url + path,
+                                    launch if method == "POST" else None, token=credential)
+                check(status == 401, f"{method} {path} with {credential!r:.12}: HTTP {status}: "
+                      f"{text}")
+                refused += 1
+        time.sleep(1)
+        check(not os.path.exists(marker), "a refused launch ran its command")
+
+        status, text = http("GET", agent.url + "/healthz")
+        check(status == 200 and json.loads(text)["api_authentication"] == "agent key",
+              f"/healthz: {status} {text}")
+        status, metrics = http("GET", agent.url + "/metrics")
+        counted = sum(int(value) for value in re.findall(
+            r'^gpufleet_agent_api_refused_total\{reason="[a-z_]+"\} (\d+)$', metrics, re.M))
+        check(counted == refused, f"refusals counted {counted}, made {refused}")
+
+        key_file = os.path.join(agent.data_dir, "api-key")
+        mode = stat.S_IMODE(os.stat(key_file).st_mode)
+        check(mode == 0o600, f"{key_file} has mode {oct(mode)}")
+        with open(key_file) as file:
+            key = file.read().strip()
+        check(re.fullmatch(r"gpa_[0-9a-f]{64}", key), f"odd key {key!r}")
+        status, text = http("GET", agent.url + "/v1/workloads", token=key)
+        check(status == 200 and json.loads(text)["workloads"] == [], f"with the key: {text}")
+
+        # The control plane holds the key: its log reads work, and it shows the key to no one.
+        job = cluster.submit({"command": ["echo", "read through the server"], "gpus": 1})
+        cluster.wait_state(job["id"], "succeeded")
+        check(cluster.logs(job["id"]) == "read through the server\n", "logs through the server")
+        for path in ("/api/v1/nodes", f"/api/v1/jobs/{job['id']}"):
+            status, body = api(cluster.url, cluster.admin_token, "GET", path)
+            check(status == 200 and key not in json.dumps(body), f"{path} shows the key")
+
+        # On the node, `agent status` finds the key in the data dir; elsewhere it is refused.
+        shown = subprocess.run([gpufleet, "agent", "status", "--agent", agent.url,
+                                "--api-key-file", key_file], capture_output=True, text=True,
+                               timeout=30)
+        check(shown.returncode == 0 and "node-a" in shown.stdout, f"status: {shown}")
+        stranger = subprocess.run([gpufleet, "agent", "status", "--agent", agent.url],
+                                  capture_output=True, text=True, timeout=30,
+                                  cwd=tempfile.gettempdir())
+        check(stranger.returncode == 1 and "needs the agent's key" in stranger.stderr,
+              f"status without the key: {stranger}")
+
+        # A restarted agent makes a new key: the old one opens nothing, the server follows.
+        agent.stop()
+        agent = cluster.start_agent("node-a", token=None)
+        status, _ = http("GET", agent.url + "/v1/workloads", token=key)
+        check(status == 401, f"the previous key after a restart: HTTP {status}")
+        job = cluster.submit({"command": ["echo", "after the restart"], "gpus": 1})
+        cluster.wait_state(job["id"], "succeeded")
+        wait_until(lambda: cluster.logs(job["id"]) == "after the restart\n", 10,
+                   "logs through the server with the new key")
+
+
+def test_standalone_agent_is_loopback_only(gpufleet):
+    """A standalone agent has no credentials to check, so it refuses to listen beyond loopback,
+    and says on loopback that its API is unauthenticated."""
+    with tempfile.TemporaryDirectory(prefix="gpufleet-security-") as root:
+        for listen in ("0.0.0.0:0", "[::]:0", "10.0.0.1:0"):
+            result = subprocess.run([gpufleet, "agent", "--standalone", "--listen", listen,
+                                     "--sim-gpus", "1xH100-80GB", "--data-dir",
+                                     os.path.join(root, "agent")],
+                                    capture_output=True, text=True, timeout=30)
+            check(result.returncode == 2 and "loopback only" in result.stderr,
+                  f"--listen {listen}: exit {result.returncode}: {result.stderr!r}")
+        process = subprocess.Popen([gpufleet, "agent", "--standalone", "--listen", "127.0.0.1:0",
+                                    "--sim-gpus", "1xH100-80GB", "--data-dir",
+                                    os.path.join(root, "agent")],
+                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            banner = process.stdout.readline()
+            check("API unauthenticated, loopback only" in banner, f"banner: {banner!r}")
+        finally:
+            process.terminate()
+            process.wait(15)
+
+
+TESTS = [test_agent_api_needs_the_control_planes_key, test_standalone_agent_is_loopback_only]
+
+if __name__ == "__main__":
+    wanted = sys.argv[2:]
+    run_tests([test for test in TESTS if not wanted or test.__name__ in wanted])
