@@ -293,6 +293,33 @@ std::optional<Role> ParseRole(std::string_view name) {
   return std::nullopt;
 }
 
+std::string DefaultScope(Role role) {
+  switch (role) {
+    case Role::kAdmin:
+      return "admin";
+    case Role::kUser:
+      return "submit";
+    case Role::kAgent:
+    case Role::kGateway:
+      break;
+  }
+  return std::string(RoleName(role));
+}
+
+std::optional<std::string> ScopeError(Role role, std::string_view scope) {
+  if (role == Role::kAgent || role == Role::kGateway) {
+    if (scope == RoleName(role)) return std::nullopt;
+    return fmt::format("a token of role {} has scope {}, not '{}'", RoleName(role), RoleName(role),
+                       scope);
+  }
+  if (scope == "read" || scope == "submit") return std::nullopt;
+  if (scope == "admin") {
+    if (role == Role::kAdmin) return std::nullopt;
+    return std::string("scope 'admin' needs role admin");
+  }
+  return fmt::format("'scope' must be read, submit or admin, not '{}'", scope);
+}
+
 std::string FormatGpus(MilliGpu milli) {
   if (milli % kMilliPerGpu == 0) return fmt::format("{}", milli / kMilliPerGpu);
   std::string text = fmt::format("{:.3f}", static_cast<double>(milli) / kMilliPerGpu);
@@ -556,8 +583,11 @@ void to_json(json& out, const TokenInfo& value) {
              {"user", value.user},
              {"team", value.team},
              {"role", RoleName(value.role)},
+             {"scope", value.scope},
              {"created_ms", value.created_ms},
-             {"created_by", value.created_by}};
+             {"created_by", value.created_by},
+             {"expires_ms", value.expires_ms}};
+  if (!value.rotated_to.empty()) out["rotated_to"] = value.rotated_to;
 }
 void from_json(const json& in, TokenInfo& value) {
   Read(in, "id", value.id);
@@ -571,6 +601,11 @@ void from_json(const json& in, TokenInfo& value) {
     throw std::invalid_argument(fmt::format("unknown role '{}'", role));
   Read(in, "created_ms", value.created_ms);
   Read(in, "created_by", value.created_by);
+  Read(in, "scope", value.scope);
+  // Tokens stored before scopes existed had their role's full powers.
+  if (value.scope.empty()) value.scope = DefaultScope(value.role);
+  Read(in, "expires_ms", value.expires_ms);
+  Read(in, "rotated_to", value.rotated_to);
 }
 
 void to_json(json& out, const AuditEntry& value) {

@@ -185,9 +185,20 @@ struct TokenInfo {
   std::string user;
   std::string team;
   Role role = Role::kUser;
+  // What a person's token may do within its role: "read" (GET only), "submit" (the role's
+  // every route but the admin-only ones), "admin" (everything; admin role only). Agent and
+  // gateway tokens have the scope of their role ("agent", "gateway").
+  std::string scope;
   TimeMs created_ms = 0;
   std::string created_by;
+  TimeMs expires_ms = 0;   // 0: never; from then on the token is refused (401)
+  std::string rotated_to;  // the token that replaced this one (token rotate), if any
 };
+
+// The scope a token of `role` gets when none is asked for: admin for admins, submit for users.
+std::string DefaultScope(Role role);
+// Whether a token of `role` may have `scope`; the reason when not.
+std::optional<std::string> ScopeError(Role role, std::string_view scope);
 
 struct AuditEntry {
   uint64_t seq = 0;

@@ -285,6 +285,8 @@ int RunTop(const ClusterArgs& args, const Client& client) {
 
 int RunTokenCreate(const ClusterArgs& args, const Client& client) {
   json request = {{"user", args.user}, {"team", args.team}, {"role", args.role}};
+  if (!args.scope.empty()) request["scope"] = args.scope;
+  if (!args.expires_in.empty()) request["expires_in"] = args.expires_in;
   ApiResult answer = client.Post("/tokens", request);
   if (!answer.ok()) return Fail(answer.message);
   if (args.connection.json()) {
@@ -301,8 +303,9 @@ int RunTokenCreate(const ClusterArgs& args, const Client& client) {
     info.team = args.team;
   }
   // The secret alone on stdout, so TOKEN=$(gpufleet token create ...) works; the rest on stderr.
-  fmt::print(stderr, "created token {} for {} (team {}, role {}):\n", info.id, info.user, info.team,
-             api::RoleName(info.role));
+  fmt::print(stderr, "created token {} for {} (team {}, role {}, scope {}, {}):\n", info.id,
+             info.user, info.team, api::RoleName(info.role), info.scope,
+             info.expires_ms ? "expires " + FormatTime(info.expires_ms) : std::string("no expiry"));
   std::fflush(stderr);
   fmt::print("{}\n", secret);
   std::fflush(stdout);
@@ -322,10 +325,21 @@ int RunTokenList(const ClusterArgs& args, const Client& client) {
   }
   auto tokens = ListOf<api::TokenInfo>(answer, "tokens");
   if (!tokens) return kExitFailure;
-  Table table({{"ID"}, {"USER"}, {"TEAM"}, {"ROLE"}, {"CREATED"}, {"CREATED-BY"}});
+  Table table({{"ID"},
+               {"USER"},
+               {"TEAM"},
+               {"ROLE"},
+               {"SCOPE"},
+               {"CREATED"},
+               {"CREATED-BY"},
+               {"EXPIRES"},
+               {"ROTATED-TO"}});
   for (const api::TokenInfo& token : *tokens)
     table.Add({token.id, token.user, token.team, std::string(api::RoleName(token.role)),
-               FormatTime(token.created_ms), token.created_by.empty() ? "-" : token.created_by});
+               token.scope, FormatTime(token.created_ms),
+               token.created_by.empty() ? "-" : token.created_by,
+               token.expires_ms ? FormatTime(token.expires_ms) : "never",
+               token.rotated_to.empty() ? "-" : token.rotated_to});
   fmt::print("{}", table.Render());
   return 0;
 }
@@ -338,6 +352,36 @@ int RunTokenRevoke(const ClusterArgs& args, const Client& client) {
     return 0;
   }
   fmt::print("token {} revoked\n", args.name);
+  return 0;
+}
+
+int RunTokenRotate(const ClusterArgs& args, const Client& client) {
+  ApiResult answer = client.Post(fmt::format("/tokens/{}/rotate", UrlEncode(args.name)),
+                                 json{{"overlap", args.overlap}});
+  if (!answer.ok()) return Fail(answer.message);
+  if (args.connection.json()) {
+    PrintJson(answer.body);
+    return 0;
+  }
+  const std::string secret = answer.body.value("token", "");
+  if (secret.empty()) return Fail("the server's answer has no token");
+  api::TokenInfo next;
+  api::TokenInfo previous;
+  try {
+    next = answer.body.at("info").get<api::TokenInfo>();
+    previous = answer.body.at("previous").get<api::TokenInfo>();
+  } catch (const std::exception& error) {
+    return Fail(fmt::format("unexpected answer from the server: {}", error.what()));
+  }
+  // As `token create`: the secret alone on stdout.
+  fmt::print(stderr, "token {} replaces {} (user {}, role {}, scope {}); {} works until {}:\n",
+             next.id, previous.id, next.user, api::RoleName(next.role), next.scope, previous.id,
+             FormatTime(previous.expires_ms));
+  std::fflush(stderr);
+  fmt::print("{}\n", secret);
+  std::fflush(stdout);
+  fmt::print(stderr, "warning: this is the only time the secret is shown; deploy it before {}.\n",
+             FormatTime(previous.expires_ms));
   return 0;
 }
 
@@ -503,7 +547,7 @@ void AddClusterCommands(CLI::App& app, ClusterArgs& args) {
   args.top->add_option("--interval", args.interval, "Refresh interval")->capture_default_str();
   AddConnectionOptions(*args.top, args.connection);
 
-  args.token = app.add_subcommand("token", "Admin: API tokens: token create, list, revoke");
+  args.token = app.add_subcommand("token", "Admin: API tokens: token create, list, rotate, revoke");
   args.token->require_subcommand(1);
   args.token_create =
       args.token->add_subcommand("create", "Create a token; its secret is printed once, here only");
@@ -511,13 +555,24 @@ void AddClusterCommands(CLI::App& app, ClusterArgs& args) {
   args.token_create->add_option("--team", args.team, "The team whose jobs it sees")->required();
   args.token_create->add_option("--role", args.role, "admin, user or agent")
       ->required()
-      ->check(CLI::IsMember({"admin", "user", "agent"}));
+      ->check(CLI::IsMember({"admin", "user", "agent", "gateway"}));
+  args.token_create->add_option("--scope", args.scope,
+                                "read (GET only), submit, or admin (default: admin for admins, "
+                                "submit for users)");
+  args.token_create->add_option("--expires-in", args.expires_in,
+                                "Refuse the token after this long (30d, 12h; default: never)");
   AddConnectionOptions(*args.token_create, args.connection);
   args.token_list = args.token->add_subcommand("list", "List tokens (never their secrets)");
   AddConnectionOptions(*args.token_list, args.connection);
   args.token_revoke = args.token->add_subcommand("revoke", "Revoke a token by its id (tok-...)");
   args.token_revoke->add_option("id", args.name, "Token id, as 'token list' shows")->required();
   AddConnectionOptions(*args.token_revoke, args.connection);
+  args.token_rotate = args.token->add_subcommand(
+      "rotate", "Replace a token with a new secret; the old one works for --overlap more");
+  args.token_rotate->add_option("id", args.name, "Token id, as 'token list' shows")->required();
+  args.token_rotate->add_option("--overlap", args.overlap, "How long the old secret still works")
+      ->capture_default_str();
+  AddConnectionOptions(*args.token_rotate, args.connection);
 
   args.whoami = app.add_subcommand("whoami", "Show who the token is: user, team, role");
   AddConnectionOptions(*args.whoami, args.connection);
@@ -551,6 +606,7 @@ std::optional<int> RunClusterCommands(const ClusterArgs& args) {
   if (*args.token_create) return RunTokenCreate(args, *client);
   if (*args.token_list) return RunTokenList(args, *client);
   if (*args.token_revoke) return RunTokenRevoke(args, *client);
+  if (*args.token_rotate) return RunTokenRotate(args, *client);
   if (*args.whoami) return RunWhoami(args, *client);
   if (*args.usage) return RunUsage(args, *client);
   return RunAudit(args, *client);

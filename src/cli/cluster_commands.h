@@ -25,6 +25,10 @@ struct ClusterArgs {
   std::string user;
   std::string team;
   std::string role;
+  std::string scope;       // empty: the role's default
+  std::string expires_in;  // empty: never
+  // token rotate
+  std::string overlap = "1h";
   // audit
   int32_t limit = 0;
   // usage
@@ -41,6 +45,7 @@ struct ClusterArgs {
   CLI::App* token_create = nullptr;
   CLI::App* token_list = nullptr;
   CLI::App* token_revoke = nullptr;
+  CLI::App* token_rotate = nullptr;
   CLI::App* whoami = nullptr;
   CLI::App* audit = nullptr;
   CLI::App* usage = nullptr;

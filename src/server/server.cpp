@@ -549,7 +549,8 @@ void Server::Impl::ChangedLocked() {
 
 CreatedToken Server::Impl::CreateTokenLocked(const std::string& user, const std::string& team,
                                              api::Role role, const Caller& actor, TimeMs now,
-                                             std::vector<Mutation>& batch) {
+                                             std::vector<Mutation>& batch, std::string scope,
+                                             TimeMs expires_ms) {
   CreatedToken created;
   created.secret = net::NewTokenSecret();
   do {
@@ -558,19 +559,27 @@ CreatedToken Server::Impl::CreateTokenLocked(const std::string& user, const std:
   created.info.user = user;
   created.info.team = team;
   created.info.role = role;
+  created.info.scope = scope.empty() ? api::DefaultScope(role) : std::move(scope);
   created.info.created_ms = now;
   created.info.created_by = actor.info.user;
+  created.info.expires_ms = expires_ms;
   TokenEntry entry{created.info, net::Sha256Hex(created.secret)};
-  json stored = entry.info;
-  stored["sha256"] = entry.sha256;
-  batch.push_back(Mutation::Put(TokenKey(entry.info.id), stored.dump()));
+  batch.push_back(PutTokenLocked(entry));
   batch.push_back(AuditLocked(
       actor, "token.create", "token/" + entry.info.id,
-      fmt::format("user {} team {} role {}", user, team.empty() ? "-" : team, api::RoleName(role)),
+      fmt::format("user {} team {} role {} scope {}{}", user, team.empty() ? "-" : team,
+                  api::RoleName(role), entry.info.scope,
+                  expires_ms ? fmt::format(" expires_ms {}", expires_ms) : std::string()),
       now));
   token_by_sha256[entry.sha256] = entry.info.id;
   tokens.insert_or_assign(entry.info.id, std::move(entry));
   return created;
+}
+
+Mutation Server::Impl::PutTokenLocked(const TokenEntry& token) const {
+  json stored = token.info;
+  stored["sha256"] = token.sha256;
+  return Mutation::Put(TokenKey(token.info.id), stored.dump());
 }
 
 // ---- Agents' syncs ----------------------------------------------------------------------------

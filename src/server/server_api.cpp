@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <ctime>
 #include <deque>
 #include <initializer_list>
 #include <limits>
@@ -13,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "api/json.h"
+#include "core/quantity.h"
 #include "net/http_client.h"
 #include "net/secrets.h"
 #include "sched/scheduler.h"
@@ -83,6 +85,18 @@ constexpr TimeMs kNoEnd = std::numeric_limits<TimeMs>::max();
 constexpr int64_t kDefaultListLimit = 100;
 constexpr int64_t kMaxListLimit = 10000;
 constexpr std::chrono::milliseconds kLogProxyTimeout{5000};
+// Longest lifetime and rotation overlap a token may be given.
+constexpr TimeMs kMaxTokenLifetimeMs = 10LL * 365 * 24 * 3600 * 1000;
+
+// "2026-12-05T21:30:00Z"
+std::string FormatUtc(TimeMs ms) {
+  const std::time_t seconds = static_cast<std::time_t>(ms / 1000);
+  std::tm utc{};
+  ::gmtime_r(&seconds, &utc);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return stamp;
+}
 
 std::optional<uint64_t> ParseUnsigned(std::string_view text) {
   uint64_t value = 0;
@@ -141,6 +155,27 @@ std::optional<json> ParseBody(const HttpRequest& request, HttpResponder& respond
     respond(HttpResponse::Error(400, fmt::format("malformed JSON: {}", error.what())));
   }
   return std::nullopt;
+}
+
+// A duration field ("30d", "1h", or seconds as a number) of at most ten years; `fallback` when
+// absent; nothing after a 400.
+std::optional<TimeMs> DurationField(const json& body, const char* field, TimeMs fallback,
+                                    HttpResponder& respond) {
+  auto it = body.find(field);
+  if (it == body.end()) return fallback;
+  std::optional<TimeMs> ms;
+  if (it->is_number() && it->get<double>() >= 0 && it->get<double>() <= 1e12)
+    ms = static_cast<TimeMs>(it->get<double>() * 1000);
+  else if (it->is_string())
+    ms = ParseDurationMs(it->get<std::string>());
+  if (!ms || *ms < 0 || *ms > kMaxTokenLifetimeMs) {
+    respond(HttpResponse::Error(
+        400, fmt::format("'{}' must be a duration of at most 10 years (\"30d\", \"12h\", or "
+                         "seconds), not {}",
+                         field, it->dump())));
+    return std::nullopt;
+  }
+  return ms;
 }
 
 bool SchedulingShapeDiffers(const api::NodeReport& a, const api::NodeReport& b) {
@@ -556,9 +591,10 @@ void CreateTokenRoute(Impl& s, const HttpRequest& request, const Caller& caller,
   if (!body->is_object())
     return respond(HttpResponse::Error(400, "a token request must be a JSON object"));
   for (const auto& [key, value] : body->items())
-    if (key != "user" && key != "team" && key != "role")
+    if (key != "user" && key != "team" && key != "role" && key != "scope" && key != "expires_in")
       return respond(HttpResponse::Error(
-          400, fmt::format("unknown field '{}' (known: role, team, user)", key)));
+          400,
+          fmt::format("unknown field '{}' (known: expires_in, role, scope, team, user)", key)));
   auto text = [&](const char* field, std::string fallback) -> std::optional<std::string> {
     auto it = body->find(field);
     if (it == body->end()) return fallback;
@@ -588,14 +624,71 @@ void CreateTokenRoute(Impl& s, const HttpRequest& request, const Caller& caller,
         fmt::format("'team' must be 1-64 letters, digits, '-', '_', '.' or '@', not '{}'", *team)));
   if (*role == Role::kUser && team->empty())
     return respond(HttpResponse::Error(400, "'team' is required for a user token"));
+  auto scope = text("scope", api::DefaultScope(*role));
+  if (!scope) return;
+  if (auto scope_error = api::ScopeError(*role, *scope))
+    return respond(HttpResponse::Error(400, *scope_error));
+  auto lifetime = DurationField(*body, "expires_in", 0, respond);
+  if (!lifetime) return;
+  const TimeMs now = WallMs();
   std::lock_guard lock(s.mu);
   if (RefuseMutationLocked(s, respond)) return;
   std::vector<Mutation> batch;
-  CreatedToken created = s.CreateTokenLocked(*user, *team, *role, caller, WallMs(), batch);
+  CreatedToken created = s.CreateTokenLocked(*user, *team, *role, caller, now, batch, *scope,
+                                             *lifetime ? now + *lifetime : 0);
   s.CommitLocked(std::move(batch),
                  AnswerWhenDurable(
                      std::move(respond),
                      JsonResponse(201, json{{"token", created.secret}, {"info", created.info}})));
+}
+
+// Replaces a token without downtime: a new secret with the same user, team, role, scope and
+// lifetime, while the old one keeps working for `overlap` (default 1h; 0: refused at once).
+void RotateToken(Impl& s, const HttpRequest& request, const Caller& caller, HttpResponder respond) {
+  std::optional<json> body = json::object();
+  if (request.body.find_first_not_of(" \t\r\n") != std::string::npos)
+    body = ParseBody(request, respond);
+  if (!body) return;
+  if (!body->is_object())
+    return respond(HttpResponse::Error(400, "a rotation request must be a JSON object"));
+  for (const auto& [key, value] : body->items())
+    if (key != "overlap")
+      return respond(
+          HttpResponse::Error(400, fmt::format("unknown field '{}' (known: overlap)", key)));
+  auto overlap = DurationField(*body, "overlap", 3600 * 1000, respond);
+  if (!overlap) return;
+  const std::string id = request.PathParam("id");
+  const TimeMs now = WallMs();
+  std::lock_guard lock(s.mu);
+  auto it = s.tokens.find(id);
+  if (it == s.tokens.end())
+    return respond(HttpResponse::Error(404, fmt::format("no token {}", id)));
+  api::TokenInfo old = it->second.info;
+  if (old.expires_ms != 0 && old.expires_ms <= now)
+    return respond(HttpResponse::Error(409, fmt::format("token {} expired at {}: create a new one",
+                                                        id, FormatUtc(old.expires_ms))));
+  if (!old.rotated_to.empty())
+    return respond(HttpResponse::Error(
+        409, fmt::format("token {} was already rotated to {}", id, old.rotated_to)));
+  if (RefuseMutationLocked(s, respond)) return;
+  std::vector<Mutation> batch;
+  const TimeMs lifetime = old.expires_ms ? old.expires_ms - old.created_ms : 0;
+  CreatedToken created = s.CreateTokenLocked(old.user, old.team, old.role, caller, now, batch,
+                                             old.scope, lifetime ? now + lifetime : 0);
+  Impl::TokenEntry& entry = s.tokens.at(id);
+  const TimeMs retire = now + *overlap;
+  entry.info.expires_ms = entry.info.expires_ms ? std::min(entry.info.expires_ms, retire) : retire;
+  entry.info.rotated_to = created.info.id;
+  batch.push_back(s.PutTokenLocked(entry));
+  batch.push_back(s.AuditLocked(caller, "token.rotate", "token/" + id,
+                                fmt::format("to {}, the old one refused from {}", created.info.id,
+                                            FormatUtc(entry.info.expires_ms)),
+                                now));
+  s.CommitLocked(
+      std::move(batch),
+      AnswerWhenDurable(std::move(respond), JsonResponse(201, json{{"token", created.secret},
+                                                                   {"info", created.info},
+                                                                   {"previous", entry.info}})));
 }
 
 void ListTokens(Impl& s, const HttpRequest&, const Caller&, HttpResponder respond) {
@@ -976,25 +1069,41 @@ class InFlight {
 // Runs `handler` for a caller whose token is valid and has one of `roles`; 401 or 403 otherwise.
 void Authorized(Impl& s, const HttpRequest& request, const std::vector<Role>& roles,
                 Handler handler, HttpResponder respond) {
-  auto caller = s.Authenticate(request);
+  std::string why;
+  auto caller = s.Authenticate(request, why);
   if (!caller) {
-    HttpResponse refusal = HttpResponse::Error(401, request.Header("Authorization").empty()
-                                                        ? "no token: send 'Authorization: Bearer "
-                                                          "<token>'"
-                                                        : "unknown or revoked token");
+    HttpResponse refusal = HttpResponse::Error(401, why);
     refusal.headers.emplace_back("WWW-Authenticate", "Bearer");
     return respond(std::move(refusal));
   }
   if (std::find(roles.begin(), roles.end(), caller->info.role) == roles.end())
     return respond(HttpResponse::Error(403, fmt::format("a token with role {} may not do this",
                                                         api::RoleName(caller->info.role))));
+  // The scope narrows the role: read-only tokens change nothing, submit ones do no admin work.
+  const std::string& scope = caller->info.scope;
+  if (scope == "read" && request.method != "GET")
+    return respond(
+        HttpResponse::Error(403, fmt::format("token {} is read-only (scope read): it may not {} {}",
+                                             caller->info.id, request.method, request.path)));
+  // An admin's read-only token may read admin pages (an auditor's); a submit one may not.
+  const bool admin_only = roles.size() == 1 && roles.front() == Role::kAdmin;
+  if (admin_only && scope == "submit")
+    return respond(HttpResponse::Error(
+        403, fmt::format("token {} has scope {}: this needs scope admin", caller->info.id, scope)));
   handler(s, request, *caller, std::move(respond));
 }
 
 }  // namespace
 
-std::optional<Caller> Server::Impl::Authenticate(const HttpRequest& request) const {
-  auto secret = net::BearerToken(request.Header("Authorization"));
+std::optional<Caller> Server::Impl::Authenticate(const HttpRequest& request,
+                                                 std::string& refusal) const {
+  refusal = "unknown or revoked token";
+  const std::string authorization = request.Header("Authorization");
+  if (authorization.empty()) {
+    refusal = "no token: send 'Authorization: Bearer <token>'";
+    return std::nullopt;
+  }
+  auto secret = net::BearerToken(authorization);
   if (!secret || !net::IsWellFormedSecret(*secret)) return std::nullopt;
   const std::string digest = net::Sha256Hex(*secret);
   std::lock_guard lock(mu);
@@ -1005,7 +1114,15 @@ std::optional<Caller> Server::Impl::Authenticate(const HttpRequest& request) con
   auto token = tokens.find(id->second);
   if (token == tokens.end() || !net::ConstantTimeEquals(token->second.sha256, digest))
     return std::nullopt;
-  return Caller{token->second.info};
+  const api::TokenInfo& info = token->second.info;
+  if (info.expires_ms != 0 && WallMs() >= info.expires_ms) {
+    refusal =
+        fmt::format("token {} expired at {}{}", info.id, FormatUtc(info.expires_ms),
+                    info.rotated_to.empty() ? std::string()
+                                            : fmt::format(" (rotated: use {})", info.rotated_to));
+    return std::nullopt;
+  }
+  return Caller{info};
 }
 
 void Server::Impl::Dispatch(HttpRequest request, HttpResponder respond) {
@@ -1045,6 +1162,7 @@ void Server::Impl::AddRoutes() {
   api("POST", "/api/v1/tokens", admin, CreateTokenRoute);
   api("GET", "/api/v1/tokens", admin, ListTokens);
   api("DELETE", "/api/v1/tokens/{id}", admin, RevokeToken);
+  api("POST", "/api/v1/tokens/{id}/rotate", admin, RotateToken);
   api("GET", "/api/v1/audit", admin, ListAudit);
   api("POST", "/api/v1/agents/sync", {Role::kAgent, Role::kAdmin}, Sync);
   for (ApiRoute& route : DeploymentRoutes()) {

@@ -221,14 +221,18 @@ struct Server::Impl {
   void RefreshEndpointsLocked();
   void ExpireEndpointWatchesLocked(SteadyTime now, SteadyTime& next);
 
+  // Scope empty: the role's default. expires_ms 0: never.
   CreatedToken CreateTokenLocked(const std::string& user, const std::string& team, api::Role role,
                                  const Caller& actor, TimeMs now,
-                                 std::vector<store::Mutation>& batch);
+                                 std::vector<store::Mutation>& batch, std::string scope = {},
+                                 TimeMs expires_ms = 0);
+  store::Mutation PutTokenLocked(const TokenEntry& token) const;
 
   // ---- server_api.cpp ---------------------------------------------------------------------
   void AddRoutes();
   void Dispatch(net::HttpRequest request, net::HttpResponder respond);
-  std::optional<Caller> Authenticate(const net::HttpRequest& request) const;
+  // The caller of a valid, unexpired token; nothing otherwise, with why in `refusal`.
+  std::optional<Caller> Authenticate(const net::HttpRequest& request, std::string& refusal) const;
 
   const ServerOptions options;
   std::unique_ptr<store::Store> store;

@@ -114,7 +114,66 @@ def test_standalone_agent_is_loopback_only(gpufleet):
             process.wait(15)
 
 
-TESTS = [test_agent_api_needs_the_control_planes_key, test_standalone_agent_is_loopback_only]
+def test_tokens_forged_expired_revoked_rotated_and_scoped(gpufleet):
+    """Through the CLI and the API of a real server: forged, expired and revoked tokens get 401
+    with the reason; a read-only token submits nothing; `token rotate` hands over without a
+    moment when neither secret works; every refusal leaves the job list unchanged."""
+    with Cluster(gpufleet, "tokens") as cluster:
+        cluster.start_server()
+
+        def jobs():
+            return api(cluster.url, cluster.admin_token, "GET", "/api/v1/jobs")[1]["jobs"]
+
+        def create(*flags):
+            result = cluster.cli("token", "create", *flags)
+            return result.stdout.strip(), result.stderr
+
+        job = {"command": ["true"], "gpus": 1}
+        for forged in ("gpf_" + "0" * 64, "gpf_short", cluster.admin_token[:-1] + "x",
+                       "Bearer " + cluster.admin_token):
+            status, body = api(cluster.url, forged, "POST", "/api/v1/jobs", job)
+            check(status == 401, f"forged {forged[:12]}: HTTP {status} {body}")
+        viewer, said = create("--user", "viewer", "--team", "vision", "--role", "user",
+                              "--scope", "read")
+        check("scope read" in said, f"create said {said!r}")
+        status, body = api(cluster.url, viewer, "POST", "/api/v1/jobs", job)
+        check(status == 403 and "read-only" in body.get("error", ""), f"read-only: {status} {body}")
+        check(api(cluster.url, viewer, "GET", "/api/v1/jobs")[0] == 200, "read-only reads")
+        brief, _ = create("--user", "brief", "--team", "vision", "--role", "user",
+                          "--expires-in", "1s")
+        time.sleep(1.5)
+        status, body = api(cluster.url, brief, "GET", "/api/v1/whoami")
+        check(status == 401 and "expired at" in body.get("error", ""), f"expired: {status} {body}")
+        revoked, _ = create("--user", "gone", "--team", "vision", "--role", "user")
+        gone_id = api(cluster.url, revoked, "GET", "/api/v1/whoami")[1]["id"]
+        cluster.cli("token", "revoke", gone_id)
+        check(api(cluster.url, revoked, "GET", "/api/v1/whoami")[0] == 401, "revoked still works")
+        check(jobs() == [], f"refused calls stored jobs: {jobs()}")
+
+        # Rotation under use: a client polling with the old secret, then the new one, never sees
+        # a 401 until the overlap has passed.
+        old, _ = create("--user", "ci", "--team", "vision", "--role", "user")
+        old_id = api(cluster.url, old, "GET", "/api/v1/whoami")[1]["id"]
+        rotated = cluster.cli("token", "rotate", old_id, "--overlap", "3s")
+        new = rotated.stdout.strip()
+        check(re.fullmatch(r"gpf_[0-9a-f]{64}", new) and old_id in rotated.stderr,
+              f"rotate said {rotated.stdout!r} {rotated.stderr!r}")
+        check(api(cluster.url, old, "GET", "/api/v1/whoami")[0] == 200, "old secret in overlap")
+        check(api(cluster.url, new, "GET", "/api/v1/whoami")[1]["user"] == "ci", "new secret")
+        wait_until(lambda: api(cluster.url, old, "GET", "/api/v1/whoami")[0] == 401, 10,
+                   "the old secret to be refused after the overlap")
+        check(api(cluster.url, new, "GET", "/api/v1/whoami")[0] == 200, "new secret after")
+        listed = cluster.cli("token", "list").stdout
+        check(re.search(rf"^{old_id}\s.*\s{re.escape(new_id_of(cluster, new))}\s*$", listed,
+                        re.M), f"token list: {listed}")
+
+
+def new_id_of(cluster, secret):
+    return api(cluster.url, secret, "GET", "/api/v1/whoami")[1]["id"]
+
+
+TESTS = [test_agent_api_needs_the_control_planes_key, test_standalone_agent_is_loopback_only,
+         test_tokens_forged_expired_revoked_rotated_and_scoped]
 
 if __name__ == "__main__":
     wanted = sys.argv[2:]

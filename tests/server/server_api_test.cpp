@@ -132,6 +132,75 @@ TEST_F(ServerTest, TokensRolesAndTeams) {
   EXPECT_EQ(Call("DELETE", "/api/v1/tokens/tok-00000000", admin_).status, 404);
 }
 
+TEST_F(ServerTest, TokenScopesExpiryAndRotation) {
+  auto create = [&](const json& request) {
+    return Call("POST", "/api/v1/tokens", admin_, request.dump());
+  };
+  // Scopes: read changes nothing, submit does no admin work, admin needs the admin role.
+  Reply reply = create({{"user", "viewer"}, {"team", "vision"}, {"scope", "read"}});
+  ASSERT_EQ(reply.status, 201) << reply.body;
+  const std::string viewer = reply.Json().at("token");
+  EXPECT_EQ(reply.Json().at("info").at("scope"), "read");
+  EXPECT_EQ(Call("GET", "/api/v1/jobs", viewer).status, 200);
+  reply = Call("POST", "/api/v1/jobs", viewer, json(kOneGpu).dump());
+  EXPECT_EQ(reply.status, 403);
+  EXPECT_NE(reply.body.find("read-only"), std::string::npos) << reply.body;
+  EXPECT_EQ(Call("GET", "/api/v1/jobs", admin_).Json().at("jobs").size(), 0u);
+  reply = create({{"user", "ops"}, {"team", "ops"}, {"role", "admin"}, {"scope", "submit"}});
+  ASSERT_EQ(reply.status, 201) << reply.body;
+  const std::string operator_token = reply.Json().at("token");
+  EXPECT_NE(Submit(operator_token, kOneGpu), 0);
+  EXPECT_EQ(Call("GET", "/api/v1/tokens", operator_token).status, 403);
+  reply = create({{"user", "auditor"}, {"team", "ops"}, {"role", "admin"}, {"scope", "read"}});
+  const std::string auditor = reply.Json().at("token");
+  EXPECT_EQ(Call("GET", "/api/v1/audit", auditor).status, 200);
+  EXPECT_EQ(Call("DELETE", "/api/v1/tokens/tok-00000000", auditor).status, 403);
+  EXPECT_EQ(create({{"user", "x"}, {"team", "t"}, {"scope", "admin"}}).status, 400);
+  EXPECT_EQ(create({{"user", "x"}, {"team", "t"}, {"scope", "write"}}).status, 400);
+  EXPECT_EQ(create({{"user", "x"}, {"team", "t"}, {"expires_in", "soon"}}).status, 400);
+  EXPECT_EQ(create({{"user", "x"}, {"team", "t"}, {"expires_in", "100000d"}}).status, 400);
+  EXPECT_EQ(create({{"user", "x"}, {"team", "t"}, {"expires_in", -5}}).status, 400);
+
+  // Expiry: refused with the reason once past.
+  reply = create({{"user", "brief"}, {"team", "vision"}, {"expires_in", "1s"}});
+  ASSERT_EQ(reply.status, 201) << reply.body;
+  const std::string brief = reply.Json().at("token");
+  EXPECT_GT(reply.Json().at("info").at("expires_ms").get<int64_t>(), 0);
+  EXPECT_EQ(Call("GET", "/api/v1/whoami", brief).status, 200);
+  ASSERT_TRUE(WaitUntil([&] { return Call("GET", "/api/v1/whoami", brief).status == 401; }));
+  reply = Call("GET", "/api/v1/whoami", brief);
+  EXPECT_NE(reply.body.find("expired at"), std::string::npos) << reply.body;
+
+  // Rotation: the new secret works at once, the old one until the overlap ends; both survive a
+  // restart; a second rotation of the old one is refused.
+  const std::string alice_id = Call("GET", "/api/v1/whoami", alice_).Json().at("id");
+  reply = Call("POST", "/api/v1/tokens/" + alice_id + "/rotate", admin_,
+               json{{"overlap", "2s"}}.dump());
+  ASSERT_EQ(reply.status, 201) << reply.body;
+  const std::string rotated = reply.Json().at("token");
+  const std::string rotated_id = reply.Json().at("info").at("id");
+  EXPECT_EQ(reply.Json().at("previous").at("rotated_to"), rotated_id);
+  const json me = Call("GET", "/api/v1/whoami", rotated).Json();
+  EXPECT_EQ(me.at("user"), "alice");
+  EXPECT_EQ(me.at("team"), "vision");
+  EXPECT_EQ(me.at("scope"), "submit");
+  EXPECT_EQ(Call("GET", "/api/v1/whoami", alice_).status, 200);
+  EXPECT_EQ(Call("POST", "/api/v1/tokens/" + alice_id + "/rotate", admin_, "").status, 409);
+  EXPECT_EQ(Call("POST", "/api/v1/tokens/tok-00000000/rotate", admin_, "").status, 404);
+  EXPECT_EQ(Call("POST", "/api/v1/tokens/" + rotated_id + "/rotate", admin_,
+                 json{{"overlap", "1s"}, {"extra", 1}}.dump())
+                .status,
+            400);
+  Restart();
+  EXPECT_EQ(Call("GET", "/api/v1/whoami", rotated).status, 200);
+  ASSERT_TRUE(WaitUntil([&] { return Call("GET", "/api/v1/whoami", alice_).status == 401; }));
+  reply = Call("GET", "/api/v1/whoami", alice_);
+  EXPECT_NE(reply.body.find("rotated: use " + rotated_id), std::string::npos) << reply.body;
+  EXPECT_EQ(Call("GET", "/api/v1/whoami", rotated).status, 200);
+  const std::string audit = Call("GET", "/api/v1/audit", admin_).body;
+  EXPECT_NE(audit.find("token.rotate"), std::string::npos);
+}
+
 // ---- Scheduling, agents, the lifecycle
 // ------------------------------------------------------------
 
@@ -402,11 +471,14 @@ TEST_F(StoreFailureTest, FailedCommitIsAnswered503AndStopsAllChanges) {
 TEST_F(ServerTest, LogsAreFetchedFromTheTasksAgent) {
   std::mutex mu;
   std::string seen_target;
+  std::string seen_authorization;
+  agent_key_ = "gpa_" + std::string(64, '7');
   net::Router fake;
   fake.Add("GET", "/v1/workloads/{id}/logs", [&](const net::HttpRequest& request) {
     {
       std::lock_guard lock(mu);
       seen_target = request.target;
+      seen_authorization = request.Header("Authorization");
     }
     net::HttpResponse response = net::HttpResponse::Text(200, "epoch 1\nepoch 2\n");
     response.headers.emplace_back("X-Log-Next-Offset", "21");
@@ -436,7 +508,10 @@ TEST_F(ServerTest, LogsAreFetchedFromTheTasksAgent) {
     std::lock_guard lock(mu);
     EXPECT_EQ(seen_target,
               fmt::format("/v1/workloads/j{}-r0-a0/logs?stream=stderr&offset=5", pending));
+    // The key the agent gave in its sync goes with the call; nobody reads it back.
+    EXPECT_EQ(seen_authorization, "Bearer " + agent_key_);
   }
+  EXPECT_EQ(Call("GET", "/api/v1/nodes", admin_).body.find(agent_key_), std::string::npos);
   EXPECT_EQ(Call("GET", fmt::format("/api/v1/jobs/{}/logs?task=1", pending), alice_).status, 400);
   EXPECT_EQ(Call("GET", fmt::format("/api/v1/jobs/{}/logs?stream=both", pending), alice_).status,
             400);

@@ -168,6 +168,7 @@ class ServerTest : public ::testing::Test {
     request.workloads = std::move(workloads);
     request.known_version = known_version;
     request.wait_ms = wait_ms;
+    request.agent_key = agent_key_;
     const Reply reply = Call("POST", "/api/v1/agents/sync", agent_, json(request).dump(), timeout);
     EXPECT_EQ(reply.status, 200) << reply.body;
     return reply.status == 200 ? reply.Json().get<api::SyncResponse>() : api::SyncResponse{};
@@ -216,6 +217,7 @@ class ServerTest : public ::testing::Test {
   }();
   std::unique_ptr<Server> server_;
   std::string admin_, agent_, alice_, bob_;
+  std::string agent_key_;  // what Sync tells the server the agent's API wants
 };
 
 }  // namespace gpufleet::server::test_support
