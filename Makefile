@@ -1,6 +1,7 @@
 # The two commands: `make run` and `make test`. Everything else is a step of theirs.
 #   make test SANITIZE=1   ASan + UBSan build in build-asan/
 #   make bench             Google Benchmark programs (Release build in build-release/)
+#   make fuzz              libFuzzer over every input parser, FUZZ_SECONDS each (clang-14, build-fuzz/)
 BUILD_TYPE ?= RelWithDebInfo
 SANITIZE ?= 0
 JOBS ?= $(shell nproc)
@@ -17,7 +18,7 @@ endif
 CMAKE_FLAGS += -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(if $(CI),-DGPUFLEET_WERROR=ON,)
 GPUFLEET := $(BUILD_DIR)/gpufleet
 
-.PHONY: all deps configure build test run bench format format-check clean
+.PHONY: all deps configure build test run bench fuzz format format-check clean
 
 all: build
 
@@ -42,6 +43,15 @@ bench:
 	$(MAKE) build BUILD_DIR=build-release BUILD_TYPE=Release
 	build-release/bench/bench_sched --benchmark_min_time=0.2
 
+FUZZ_SECONDS ?= 60
+fuzz:
+	@scripts/deps.sh fuzz
+	CXX=clang++-14 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	    -DGPUFLEET_FUZZ=ON -DGPUFLEET_BUILD_BENCH=OFF
+	cmake --build build-fuzz -j $(JOBS) --target fuzz_api_json fuzz_job_yaml fuzz_agent_requests \
+	    fuzz_http fuzz_traces
+	scripts/fuzz.sh build-fuzz $(FUZZ_SECONDS)
+
 format:
 	git ls-files '*.cpp' '*.h' | xargs clang-format -i
 
@@ -49,4 +59,4 @@ format-check:
 	git ls-files '*.cpp' '*.h' | xargs clang-format --dry-run --Werror
 
 clean:
-	rm -rf build build-asan build-release
+	rm -rf build build-asan build-release build-fuzz

@@ -13,6 +13,10 @@ packages=(
   python3-torch  # the end-to-end DDP training job (gloo, CPU) and the reference model server
   prometheus  # the agent's integration test scrapes it with a real Prometheus server
 )
+# `scripts/deps.sh fuzz` (make fuzz): libFuzzer comes with clang.
+if [[ "${1:-}" == "fuzz" ]]; then
+  packages+=(clang-14 libfuzzer-14-dev)
+fi
 
 missing=()
 for package in "${packages[@]}"; do

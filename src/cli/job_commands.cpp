@@ -53,7 +53,15 @@ json PlainScalar(const std::string& text) {
   return text;
 }
 
-json YamlToJson(const YAML::Node& node, bool as_string, const std::string& source) {
+// Deeper than any job needs; it stops a self-referring alias (`a: &x [*x]`, found by
+// tests/fuzz/fuzz_job_yaml) that would recurse until the stack ends.
+constexpr int kMaxYamlDepth = 32;
+
+json YamlToJson(const YAML::Node& node, bool as_string, const std::string& source, int depth = 0) {
+  if (depth > kMaxYamlDepth)
+    throw YAML::ParserException(
+        node.Mark(),
+        fmt::format("nested deeper than {} levels (a recursive alias?)", kMaxYamlDepth));
   switch (node.Type()) {
     case YAML::NodeType::Null:
     case YAML::NodeType::Undefined:
@@ -65,7 +73,7 @@ json YamlToJson(const YAML::Node& node, bool as_string, const std::string& sourc
     case YAML::NodeType::Sequence: {
       json list = json::array();
       for (const YAML::Node& item : node)
-        list.push_back(YamlToJson(item, as_string, source));
+        list.push_back(YamlToJson(item, as_string, source, depth + 1));
       return list;
     }
     case YAML::NodeType::Map: {
@@ -73,7 +81,7 @@ json YamlToJson(const YAML::Node& node, bool as_string, const std::string& sourc
       for (const auto& entry : node) {
         if (!entry.first.IsScalar())
           throw YAML::ParserException(entry.first.Mark(), "a key must be a plain name");
-        object[entry.first.Scalar()] = YamlToJson(entry.second, as_string, source);
+        object[entry.first.Scalar()] = YamlToJson(entry.second, as_string, source, depth + 1);
       }
       return object;
     }

@@ -121,6 +121,16 @@ TEST(JobFile, MalformedYamlSaysWhere) {
   EXPECT_NE(error.find("empty"), std::string::npos) << error;
 }
 
+TEST(JobFile, ARecursiveAliasIsAnErrorNotACrash) {
+  // Found by tests/fuzz/fuzz_job_yaml: the YAML-to-JSON walk followed the alias forever.
+  std::string error;
+  EXPECT_FALSE(JobYamlToJson("command: &c [sh, *c]\ngpus: 1\n", "job.yaml", error));
+  EXPECT_NE(error.find("job.yaml:1:"), std::string::npos) << error;
+  EXPECT_NE(error.find("recursive alias"), std::string::npos) << error;
+  // Honest nesting well inside the limit still reads.
+  EXPECT_TRUE(JobYamlToJson("env: {A: [[[[1]]]]}\n", "job.yaml", error)) << error;
+}
+
 TEST(JobFile, PlainScalarsAreTyped) {
   std::string error;
   auto job = JobYamlToJson(
