@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -283,18 +284,27 @@ int RunTop(const ClusterArgs& args, const Client& client) {
   }
 }
 
-int RunTokenCreate(const ClusterArgs& args, const Client& client) {
-  json request = {{"user", args.user}, {"team", args.team}, {"role", args.role}};
-  if (!args.scope.empty()) request["scope"] = args.scope;
-  if (!args.expires_in.empty()) request["expires_in"] = args.expires_in;
-  ApiResult answer = client.Post("/tokens", request);
+// The secret of an answer that made a token; the exit code instead when there is nothing more
+// to do (a failure, or -o json, which prints the answer whole).
+std::optional<int> TakeSecret(const ApiResult& answer, const ClusterArgs& args,
+                              std::string& secret) {
   if (!answer.ok()) return Fail(answer.message);
   if (args.connection.json()) {
     PrintJson(answer.body);
     return 0;
   }
-  const std::string secret = answer.body.value("token", "");
+  secret = answer.body.value("token", "");
   if (secret.empty()) return Fail("the server's answer has no token");
+  return std::nullopt;
+}
+
+int RunTokenCreate(const ClusterArgs& args, const Client& client) {
+  json request = {{"user", args.user}, {"team", args.team}, {"role", args.role}};
+  if (!args.scope.empty()) request["scope"] = args.scope;
+  if (!args.expires_in.empty()) request["expires_in"] = args.expires_in;
+  ApiResult answer = client.Post("/tokens", request);
+  std::string secret;
+  if (auto done = TakeSecret(answer, args, secret)) return *done;
   api::TokenInfo info;
   try {
     info = answer.body.at("info").get<api::TokenInfo>();
@@ -358,13 +368,8 @@ int RunTokenRevoke(const ClusterArgs& args, const Client& client) {
 int RunTokenRotate(const ClusterArgs& args, const Client& client) {
   ApiResult answer = client.Post(fmt::format("/tokens/{}/rotate", UrlEncode(args.name)),
                                  json{{"overlap", args.overlap}});
-  if (!answer.ok()) return Fail(answer.message);
-  if (args.connection.json()) {
-    PrintJson(answer.body);
-    return 0;
-  }
-  const std::string secret = answer.body.value("token", "");
-  if (secret.empty()) return Fail("the server's answer has no token");
+  std::string secret;
+  if (auto done = TakeSecret(answer, args, secret)) return *done;
   api::TokenInfo next;
   api::TokenInfo previous;
   try {
