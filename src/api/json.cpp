@@ -68,6 +68,12 @@ T Quantity(const json& value, std::string_view field, Parser parse, std::string_
   return *parsed;
 }
 
+// Bounds on what one job may carry (docs/api.md, "Limits"): each far above real use, and each a
+// clear 400 rather than a record that strains the store, the scheduler or an agent's exec.
+constexpr size_t kMaxListItems = 4096;  // command arguments, gpu_model entries
+constexpr size_t kMaxEnvVars = 1024;
+constexpr size_t kMaxStringBytes = 32768;  // one argument, one env value, the workdir
+
 std::vector<std::string> StringList(const json& value, std::string_view field, bool allow_single) {
   std::vector<std::string> list;
   if (allow_single && value.is_string()) {
@@ -76,9 +82,14 @@ std::vector<std::string> StringList(const json& value, std::string_view field, b
   }
   if (!value.is_array())
     Fail(fmt::format("'{}' must be a list of strings, not {}", field, TypeName(value)));
+  if (value.size() > kMaxListItems)
+    Fail(fmt::format("'{}' has {} items; at most {}", field, value.size(), kMaxListItems));
   for (size_t i = 0; i < value.size(); ++i) {
     if (!value[i].is_string())
       Fail(fmt::format("'{}[{}]' must be a string, not {}", field, i, TypeName(value[i])));
+    if (value[i].get_ref<const std::string&>().size() > kMaxStringBytes)
+      Fail(fmt::format("'{}[{}]' is {} bytes; at most {}", field, i,
+                       value[i].get_ref<const std::string&>().size(), kMaxStringBytes));
     list.push_back(value[i].get<std::string>());
   }
   return list;
@@ -93,7 +104,8 @@ bool ValidName(std::string_view text, size_t max_size) {
 }
 
 bool ValidEnvName(std::string_view name) {
-  if (name.empty() || std::isdigit(static_cast<unsigned char>(name.front()))) return false;
+  if (name.empty() || name.size() > 256 || std::isdigit(static_cast<unsigned char>(name.front())))
+    return false;
   for (char c : name)
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) return false;
   return true;
@@ -102,11 +114,15 @@ bool ValidEnvName(std::string_view name) {
 // A user's "env": an object of valid variable names to strings.
 std::map<std::string, std::string> EnvObject(const json& value) {
   if (!value.is_object()) Fail(fmt::format("'env' must be an object, not {}", TypeName(value)));
+  if (value.size() > kMaxEnvVars)
+    Fail(fmt::format("'env' has {} variables; at most {}", value.size(), kMaxEnvVars));
   std::map<std::string, std::string> env;
   for (const auto& [key, item] : value.items()) {
     if (!ValidEnvName(key))
       Fail(fmt::format("'env' has an invalid variable name '{}' (letters, digits and _)", key));
     env[key] = String(item, "env." + key);
+    if (env[key].size() > kMaxStringBytes)
+      Fail(fmt::format("'env.{}' is {} bytes; at most {}", key, env[key].size(), kMaxStringBytes));
   }
   return env;
 }
@@ -130,12 +146,7 @@ auto Strictly(Parse parse, const json& body, std::string& error)
 }
 
 std::optional<json> ParseJsonText(std::string_view text, std::string& error) {
-  try {
-    return json::parse(text);
-  } catch (const json::parse_error& parse_error) {
-    error = fmt::format("malformed JSON: {}", parse_error.what());
-  }
-  return std::nullopt;
+  return ParseRequestJson(text, error);
 }
 
 const std::set<std::string, std::less<>> kSubmissionFields = {
@@ -193,6 +204,8 @@ JobSubmission ParseSubmissionOrThrow(const json& body) {
   constexpr TimeMs kMaxGracePeriodMs = 24 * 3600 * 1000;
   if (job.grace_period_ms > kMaxGracePeriodMs)
     Fail(fmt::format("'grace_period' must be at most 24h, not {} ms", job.grace_period_ms));
+  if (job.workdir.size() > kMaxStringBytes)
+    Fail(fmt::format("'workdir' is {} bytes; at most {}", job.workdir.size(), kMaxStringBytes));
   if (!job.workdir.empty() && job.workdir.front() != '/')
     Fail(fmt::format("'workdir' must be an absolute path, not '{}'", job.workdir));
   for (const std::string& model : job.gpu_models)
@@ -227,6 +240,24 @@ void Read(const json& in, const char* key, T& value) {
 }
 
 }  // namespace
+
+namespace {
+struct TooDeep {};
+}  // namespace
+
+std::optional<json> ParseRequestJson(std::string_view text, std::string& error) {
+  try {
+    return json::parse(text, [](int depth, json::parse_event_t, json&) {
+      if (depth > kMaxRequestJsonDepth) throw TooDeep{};
+      return true;
+    });
+  } catch (const json::parse_error& parse_error) {
+    error = fmt::format("malformed JSON: {}", parse_error.what());
+  } catch (const TooDeep&) {
+    error = fmt::format("the JSON body nests deeper than {} levels", kMaxRequestJsonDepth);
+  }
+  return std::nullopt;
+}
 
 std::string_view JobStateName(JobState state) {
   switch (state) {

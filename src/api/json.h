@@ -14,6 +14,11 @@
 
 namespace gpufleet::api {
 
+// No request of the API nests deeper than a few levels: a deeper body is refused while parsing.
+inline constexpr int kMaxRequestJsonDepth = 32;
+// A request body as JSON; nothing and "malformed JSON: ..." or "... nests deeper ..." otherwise.
+std::optional<nlohmann::json> ParseRequestJson(std::string_view text, std::string& error);
+
 // A user's job: unknown fields, wrong types and impossible values give a precise error.
 std::optional<JobSubmission> ParseJobSubmission(const nlohmann::json& body, std::string& error);
 // The same from text (JSON; the CLI converts YAML job files to JSON first).

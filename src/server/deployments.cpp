@@ -240,12 +240,10 @@ void GetDeployment(Impl& s, const HttpRequest& request, const Caller& caller,
 // hands it back to the autoscaler; "min_replicas"/"max_replicas" change its bounds.
 void ScaleDeployment(Impl& s, const HttpRequest& request, const Caller& caller,
                      HttpResponder respond) {
-  json body;
-  try {
-    body = json::parse(request.body);
-  } catch (const json::parse_error& error) {
-    return respond(HttpResponse::Error(400, fmt::format("malformed JSON: {}", error.what())));
-  }
+  std::string parse_error;
+  auto parsed = api::ParseRequestJson(request.body, parse_error);
+  if (!parsed) return respond(HttpResponse::Error(400, parse_error));
+  json body = std::move(*parsed);
   if (!body.is_object()) return respond(HttpResponse::Error(400, "the body must be an object"));
   for (const auto& [key, value] : body.items())
     if (key != "replicas" && key != "auto" && key != "min_replicas" && key != "max_replicas")
@@ -382,7 +380,10 @@ void WatchEndpoints(Impl& s, const HttpRequest& request, const Caller& caller,
 void GatewayReportRoute(Impl& s, const HttpRequest& request, const Caller&, HttpResponder respond) {
   api::GatewayReport report;
   try {
-    report = json::parse(request.body).get<api::GatewayReport>();
+    std::string parse_error;
+    auto parsed = api::ParseRequestJson(request.body, parse_error);
+    if (!parsed) return respond(HttpResponse::Error(400, parse_error));
+    report = parsed->get<api::GatewayReport>();
   } catch (const std::exception& error) {
     return respond(HttpResponse::Error(400, fmt::format("bad gateway report: {}", error.what())));
   }

@@ -147,14 +147,12 @@ std::string DefaultName(const std::vector<std::string>& command) {
   return name;
 }
 
-// Parses a JSON body; a 400 with the parser's message when malformed.
+// Parses a JSON body; a 400 with the reason when malformed or nested too deep.
 std::optional<json> ParseBody(const HttpRequest& request, HttpResponder& respond) {
-  try {
-    return json::parse(request.body);
-  } catch (const json::parse_error& error) {
-    respond(HttpResponse::Error(400, fmt::format("malformed JSON: {}", error.what())));
-  }
-  return std::nullopt;
+  std::string error;
+  auto body = api::ParseRequestJson(request.body, error);
+  if (!body) respond(HttpResponse::Error(400, error));
+  return body;
 }
 
 // A duration field ("30d", "1h", or seconds as a number) of at most ten years; `fallback` when

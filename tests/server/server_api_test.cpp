@@ -80,6 +80,24 @@ TEST_F(ServerTest, BadInputIsRefusedPreciselyAndNothingIsWritten) {
   EXPECT_EQ(Call("POST", "/api/v1/agents/sync", agent_, R"({"node": {"name": "a/b"}})").status,
             400);
 
+  // Limits: each refused with what and how much, under the 1 MiB body limit.
+  auto refused = [&](const json& job, const std::string& says) {
+    const Reply answer = Call("POST", "/api/v1/jobs", alice_, job.dump());
+    EXPECT_EQ(answer.status, 400) << answer.body;
+    EXPECT_NE(answer.body.find(says), std::string::npos) << answer.body;
+  };
+  refused({{"command", std::vector<std::string>(5000, "x")}}, "'command' has 5000 items");
+  refused({{"command", {"x", std::string(40000, 'a')}}}, "'command[1]' is 40000 bytes");
+  json many_env = json::object();
+  for (int i = 0; i < 1100; ++i)
+    many_env[fmt::format("V{}", i)] = "1";
+  refused({{"command", {"x"}}, {"env", many_env}}, "'env' has 1100 variables");
+  refused({{"command", {"x"}}, {"env", {{"BIG", std::string(40000, 'b')}}}}, "'env.BIG' is");
+  refused({{"command", {"x"}}, {"env", {{std::string(300, 'N'), "1"}}}}, "invalid variable name");
+  reply = Call("POST", "/api/v1/jobs", alice_, std::string(100, '[') + std::string(100, ']'));
+  EXPECT_EQ(reply.status, 400);
+  EXPECT_NE(reply.body.find("deeper than 32 levels"), std::string::npos) << reply.body;
+
   EXPECT_EQ(JobCount(), 0u);
   EXPECT_EQ(AuditActions().size(), audit_before);
 }
