@@ -62,7 +62,7 @@ std::optional<Json> ParseObject(std::string_view text, const std::set<std::strin
   Json body;
   try {
     body = Json::parse(text);
-  } catch (const Json::parse_error& parse_error) {
+  } catch (const Json::exception& parse_error) {  // out_of_range too: "1e99999"
     std::string message = parse_error.what();
     // "[json.exception.parse_error.101] parse error at line 1, ...": keep the readable part.
     if (size_t bracket = message.find("] ");

@@ -53,6 +53,30 @@ json PlainScalar(const std::string& text) {
   return text;
 }
 
+bool ValidUtf8(std::string_view text) {
+  for (size_t i = 0; i < text.size();) {
+    const auto byte = static_cast<unsigned char>(text[i]);
+    size_t length = byte < 0x80           ? 1
+                    : (byte >> 5) == 0x6  ? 2
+                    : (byte >> 4) == 0xe  ? 3
+                    : (byte >> 3) == 0x1e ? 4
+                                          : 0;
+    if (length == 0 || i + length > text.size()) return false;
+    uint32_t code = length == 1 ? byte : byte & (0x7f >> length);
+    for (size_t k = 1; k < length; ++k) {
+      const auto next = static_cast<unsigned char>(text[i + k]);
+      if ((next & 0xc0) != 0x80) return false;
+      code = (code << 6) | (next & 0x3f);
+    }
+    // Overlong forms, surrogates and code points past U+10FFFF are not UTF-8 either.
+    static constexpr uint32_t kSmallest[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (code < kSmallest[length] || (code >= 0xd800 && code <= 0xdfff) || code > 0x10ffff)
+      return false;
+    i += length;
+  }
+  return true;
+}
+
 // Deeper than any job needs; it stops a self-referring alias (`a: &x [*x]`, found by
 // tests/fuzz/fuzz_job_yaml) that would recurse until the stack ends.
 constexpr int kMaxYamlDepth = 32;
@@ -67,6 +91,9 @@ json YamlToJson(const YAML::Node& node, bool as_string, const std::string& sourc
     case YAML::NodeType::Undefined:
       return nullptr;
     case YAML::NodeType::Scalar:
+      // JSON text must be UTF-8; yaml-cpp passes any bytes through (found by fuzz_job_yaml).
+      if (!ValidUtf8(node.Scalar()))
+        throw YAML::ParserException(node.Mark(), "the value is not valid UTF-8 text");
       // "?" is yaml-cpp's tag for a plain scalar; quoted and !!str ones are strings.
       if (as_string || node.Tag() != "?") return node.Scalar();
       return PlainScalar(node.Scalar());
@@ -79,7 +106,7 @@ json YamlToJson(const YAML::Node& node, bool as_string, const std::string& sourc
     case YAML::NodeType::Map: {
       json object = json::object();
       for (const auto& entry : node) {
-        if (!entry.first.IsScalar())
+        if (!entry.first.IsScalar() || !ValidUtf8(entry.first.Scalar()))
           throw YAML::ParserException(entry.first.Mark(), "a key must be a plain name");
         object[entry.first.Scalar()] = YamlToJson(entry.second, as_string, source, depth + 1);
       }
@@ -503,7 +530,7 @@ std::optional<json> JobYamlToJson(std::string_view text, std::string_view source
     }
     json job = json::object();
     for (const auto& entry : root) {
-      if (!entry.first.IsScalar()) {
+      if (!entry.first.IsScalar() || !ValidUtf8(entry.first.Scalar())) {
         error = fmt::format("{}:{}: a field name must be a plain word", source,
                             entry.first.Mark().line + 1);
         return std::nullopt;

@@ -127,6 +127,11 @@ TEST(JobFile, ARecursiveAliasIsAnErrorNotACrash) {
   EXPECT_FALSE(JobYamlToJson("command: &c [sh, *c]\ngpus: 1\n", "job.yaml", error));
   EXPECT_NE(error.find("job.yaml:1:"), std::string::npos) << error;
   EXPECT_NE(error.find("recursive alias"), std::string::npos) << error;
+  // Bytes that are not UTF-8 were an uncaught exception once in JSON (found by fuzz_job_yaml).
+  EXPECT_FALSE(JobYamlToJson("command: [sh]\ngpus: 3pm\xd3.x\n", "job.yaml", error));
+  EXPECT_NE(error.find("job.yaml:2:"), std::string::npos) << error;
+  EXPECT_NE(error.find("not valid UTF-8"), std::string::npos) << error;
+  EXPECT_TRUE(JobYamlToJson("name: caf\xc3\xa9\ncommand: [sh]\n", "job.yaml", error)) << error;
   // Honest nesting well inside the limit still reads.
   EXPECT_TRUE(JobYamlToJson("env: {A: [[[[1]]]]}\n", "job.yaml", error)) << error;
 }

@@ -97,6 +97,10 @@ TEST_F(ServerTest, BadInputIsRefusedPreciselyAndNothingIsWritten) {
   reply = Call("POST", "/api/v1/jobs", alice_, std::string(100, '[') + std::string(100, ']'));
   EXPECT_EQ(reply.status, 400);
   EXPECT_NE(reply.body.find("deeper than 32 levels"), std::string::npos) << reply.body;
+  // A number past double's range was a 500 (found by tests/fuzz/fuzz_api_json).
+  reply = Call("POST", "/api/v1/jobs", alice_, R"({"command": ["x"], "gpus": 1e99999})");
+  EXPECT_EQ(reply.status, 400) << reply.body;
+  EXPECT_NE(reply.body.find("malformed JSON"), std::string::npos) << reply.body;
 
   EXPECT_EQ(JobCount(), 0u);
   EXPECT_EQ(AuditActions().size(), audit_before);
