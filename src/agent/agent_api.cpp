@@ -514,8 +514,10 @@ net::Router MakeAgentRouter(AgentCore& core, AgentApiOptions options) {
              [&core, options](const net::HttpRequest&) { return HandleHealth(core, options); });
   router.Add(
       "GET", "/metrics",
-      [&core, refusals, authenticated = !options.api_key.empty()](const net::HttpRequest&) {
+      [&core, refusals, authenticated = !options.api_key.empty(),
+       http_counters = options.http_counters](const net::HttpRequest&) {
         std::string text = core.MetricsText();
+        if (http_counters) text += net::HttpCountersMetricsText(*http_counters, "gpufleet_agent");
         if (authenticated)
           text += fmt::format(
               "# HELP gpufleet_agent_api_refused_total Calls to the agent's /v1 API refused, by "

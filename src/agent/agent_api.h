@@ -19,6 +19,7 @@
 // stay open, as telemetry. Without one (--standalone) the agent listens on loopback only.
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -26,6 +27,7 @@
 #include "agent/agent.h"
 #include "agent/control_loop.h"
 #include "net/http.h"
+#include "net/http_server.h"
 
 namespace gpufleet::agent {
 
@@ -35,6 +37,8 @@ struct AgentApiOptions {
   const ControlLoop* control_loop = nullptr;
   // The credential every /v1 call must carry; empty: none (standalone, loopback only).
   std::string api_key;
+  // The agent HTTP server's refusals and open connections, shown in /metrics when set.
+  std::shared_ptr<net::HttpServerCounters> http_counters;
 };
 
 net::Router MakeAgentRouter(AgentCore& core, AgentApiOptions options = {});

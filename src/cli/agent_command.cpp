@@ -218,7 +218,9 @@ int RunDaemon(const AgentArgs& args) {
     loop = std::make_unique<agent::ControlLoop>(*core, loop_options);
     api_options.control_loop = loop.get();
   }
+  api_options.http_counters = std::make_shared<net::HttpServerCounters>();
   net::Router router = agent::MakeAgentRouter(*core, api_options);
+  server_options.counters = api_options.http_counters;
   auto started = net::HttpServer::Start(server_options, [&router](const net::HttpRequest& request) {
     return router.Handle(request);
   });

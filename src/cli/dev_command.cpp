@@ -260,11 +260,13 @@ int RunDev(const DevArgs& args) {
   api_options.standalone = false;
   api_options.control_loop = loop.get();
   api_options.api_key = loop_options.api_key;
+  api_options.http_counters = std::make_shared<net::HttpServerCounters>();
   net::Router router = agent::MakeAgentRouter(*core, api_options);
   net::HttpServerOptions agent_http;
   agent_http.host = agent_listen->host;
   agent_http.port = agent_listen->port;
   agent_http.io_threads = 2;
+  agent_http.counters = api_options.http_counters;
   auto agent_started = net::HttpServer::Start(
       agent_http, [&router](const net::HttpRequest& request) { return router.Handle(request); });
   if (!agent_started.server) {

@@ -67,6 +67,12 @@ std::optional<server::ServerOptions> Options(const ServerArgs& args) {
   options.tls_cert_file = args.tls_cert;
   options.tls_key_file = args.tls_key;
   options.agent_ca_file = args.agent_ca_file;
+  if (args.token_rate_limit < 0) {
+    fmt::print(stderr, "error: --token-rate-limit must be 0 (none) or more requests/s\n");
+    return std::nullopt;
+  }
+  options.token_rate_limit = args.token_rate_limit;
+  options.max_connections_per_client = args.max_connections_per_client;
   if (!args.checkpoint_root.empty() && args.checkpoint_root.front() != '/') {
     fmt::print(stderr,
                "error: --checkpoint-root '{}' must be an absolute path (agents resolve it on "
@@ -285,6 +291,16 @@ CLI::App* AddServerCommand(CLI::App& app, ServerArgs& args) {
   command->add_option("--tls-cert", args.tls_cert,
                       "Serve HTTPS with this PEM certificate (chain); needs --tls-key");
   command->add_option("--tls-key", args.tls_key, "The PEM private key of --tls-cert");
+  command
+      ->add_option("--token-rate-limit", args.token_rate_limit,
+                   "Requests/s each user token may make (bursts of twice that); beyond it "
+                   "429 with Retry-After; admin tokens are not limited; 0: no limit")
+      ->capture_default_str();
+  command
+      ->add_option("--max-connections-per-client", args.max_connections_per_client,
+                   "Connections one client address may hold open at once; more are answered "
+                   "503 (raise it for many users behind one NAT or proxy); 0: no limit")
+      ->capture_default_str();
   command->add_option("--agent-ca-file", args.agent_ca_file,
                       "PEM CA that signed the certificates of agents serving HTTPS "
                       "(agent --tls-cert); default: the system's CAs");

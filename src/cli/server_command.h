@@ -43,7 +43,9 @@ struct ServerArgs {
   SchedulerArgs scheduler;
   std::string tls_cert;  // both or neither: HTTPS
   std::string tls_key;
-  std::string agent_ca_file;  // trusted CA for agents serving https
+  std::string agent_ca_file;      // trusted CA for agents serving https
+  double token_rate_limit = 100;  // requests/s per user token; 0: none
+  size_t max_connections_per_client = 256;
   std::string checkpoint_root;
 };
 

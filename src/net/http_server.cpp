@@ -1,5 +1,6 @@
 #include "net/http_server.h"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <exception>
@@ -24,6 +25,7 @@
 #include <fmt/format.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
+#include <sys/resource.h>
 
 #include "net/asio_serve.h"
 
@@ -42,6 +44,9 @@ std::string FormatEndpoint(const tcp::endpoint& endpoint) {
   return address.is_v6() ? fmt::format("[{}]:{}", address.to_string(), endpoint.port())
                          : fmt::format("{}:{}", address.to_string(), endpoint.port());
 }
+
+// What the first read of an idle connection asks for: a whole small request, usually.
+constexpr size_t kFirstReadBytes = 4096;
 
 // After an error answer sent before the request was read whole (413, 400), the unread rest is
 // drained for at most this long before closing: closing with unread data makes the kernel send
@@ -109,16 +114,26 @@ struct HttpServer::Impl {
         accept_retry(acceptor.get_executor()) {}
 
   void Accept();
+  // Takes a place for a new connection from `client`; nothing (and the refusal) when the server
+  // or the client is at its limit.
+  std::optional<uint64_t> Admit(const std::string& client, std::string& refusal);
   void Register(uint64_t id, const std::shared_ptr<SessionBase>& session);
   void Forget(uint64_t id);
 
   const HttpServerOptions options;
   const HttpAsyncHandler handler;
   std::atomic<bool> stopping{false};
+  std::shared_ptr<HttpServerCounters> counters;
+  size_t max_connections = 0;  // resolved at start
 
+  struct Tracked {
+    std::weak_ptr<SessionBase> session;
+    std::string client;  // remote address, without the port
+  };
   std::mutex mutex;
   std::condition_variable sessions_gone;
-  std::map<uint64_t, std::weak_ptr<SessionBase>> sessions;
+  std::map<uint64_t, Tracked> sessions;
+  std::map<std::string, size_t> connections_by_client;
   uint64_t next_session_id = 0;
   bool stop_called = false;
 
@@ -189,7 +204,10 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
                        "https:// URL)");
     }
     if constexpr (kTls) {
-      // The bytes read while detecting are the start of the handshake.
+      // The bytes read while detecting are the start of the handshake, which is under the
+      // request's clock: a client that stalls it is cut off like one that stalls a request.
+      idle_ = false;
+      Tcp().expires_after(server_.options.request_timeout);
       stream_.async_handshake(ssl::stream_base::server, buffer_.data(),
                               beast::bind_front_handler(&Session::OnHandshake, shared_from_this()));
     }
@@ -204,17 +222,32 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
 
   void ReadHeader() {
     if (server_.stopping) return Close();
+    // Bytes already buffered: a pipelined request is in progress.
+    if (buffer_.size() > 0) return ReadRequest();
+    // Idle (keep-alive) until a request's first byte; from then on its own, shorter, clock.
+    idle_ = true;
+    Tcp().expires_after(server_.options.idle_timeout);
+    stream_.async_read_some(buffer_.prepare(kFirstReadBytes),
+                            [self = shared_from_this()](beast::error_code error, size_t read) {
+                              self->idle_ = false;
+                              if (error) return self->Close();
+                              self->buffer_.commit(read);
+                              self->ReadRequest();
+                            });
+  }
+
+  // One deadline for the whole request, header and body: a client that trickles bytes to keep a
+  // connection (slowloris) loses it after request_timeout however it paces them.
+  void ReadRequest() {
     parser_.emplace();
     parser_->body_limit(server_.options.max_body_bytes);
     parser_->header_limit(static_cast<uint32_t>(server_.options.max_header_bytes));
-    Tcp().expires_after(server_.options.idle_timeout);
-    idle_ = buffer_.size() == 0;  // bytes already buffered: a pipelined request is in progress
+    Tcp().expires_after(server_.options.request_timeout);
     http::async_read_header(stream_, buffer_, *parser_,
                             beast::bind_front_handler(&Session::OnHeader, shared_from_this()));
   }
 
   void OnHeader(beast::error_code error, size_t) {
-    idle_ = false;
     if (error) return OnReadError(error);
     // curl and others wait for this before sending a body (up to a second, then they send anyway).
     if (beast::iequals(parser_->get()[http::field::expect], "100-continue")) {
@@ -233,7 +266,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
 
   void ReadBody() {
     if (parser_->is_done()) return Dispatch();
-    Tcp().expires_after(server_.options.idle_timeout);
+    // Still under ReadRequest's deadline.
     http::async_read(stream_, buffer_, *parser_,
                      beast::bind_front_handler(&Session::OnBody, shared_from_this()));
   }
@@ -244,16 +277,27 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   }
 
   void OnReadError(beast::error_code error) {
-    if (error == http::error::body_limit)
+    HttpServerCounters& counters = *server_.counters;
+    if (error == http::error::body_limit) {
+      ++counters.body_too_large;
       return SendError(
           413, fmt::format("request body larger than {} bytes", server_.options.max_body_bytes));
-    if (error == http::error::header_limit)
+    }
+    if (error == http::error::header_limit) {
+      ++counters.header_too_large;
       return SendError(431, fmt::format("request header larger than {} bytes",
                                         server_.options.max_header_bytes));
-    // The peer left, the idle timeout expired, or the server is stopping: nobody to answer.
+    }
+    // The stream closed the socket when its deadline passed: there is no one left to answer.
+    if (error == beast::error::timeout) {
+      ++counters.request_timeouts;
+      return Close();
+    }
+    // The peer left, or the server is stopping: nobody to answer.
     if (error == http::error::end_of_stream || error == http::error::partial_message ||
         error.category() != http::make_error_code(http::error::bad_target).category())
       return Close();
+    ++counters.malformed;
     SendError(400, "malformed HTTP request: " + error.message());
   }
 
@@ -388,6 +432,23 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   char drain_buffer_[4096];
 };
 
+// A connection over the limits gets a one-line answer, written without waiting (the socket's
+// buffer takes it; if not, the client is only told by the close), and is closed.
+void Refuse(tcp::socket socket, const std::string& refusal, bool tls) {
+  beast::error_code ignored;
+  if (!tls) {
+    const HttpResponse answer = HttpResponse::Error(503, refusal);
+    const std::string raw = fmt::format(
+        "HTTP/1.1 503 Service Unavailable\r\nServer: gpufleet\r\nContent-Type: {}\r\n"
+        "Content-Length: {}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n{}",
+        answer.content_type, answer.body.size(), answer.body);
+    socket.non_blocking(true, ignored);
+    socket.write_some(asio::buffer(raw), ignored);
+  }
+  socket.shutdown(tcp::socket::shutdown_both, ignored);
+  socket.close(ignored);
+}
+
 }  // namespace
 
 void HttpServer::Impl::Accept() {
@@ -403,11 +464,20 @@ void HttpServer::Impl::Accept() {
           });
           return;
         }
-        uint64_t id;
-        {
-          std::lock_guard lock(mutex);
-          id = next_session_id++;
+        beast::error_code no_peer;
+        const tcp::endpoint peer = socket.remote_endpoint(no_peer);
+        if (no_peer) {  // gone already
+          Accept();
+          return;
         }
+        std::string refusal;
+        const std::optional<uint64_t> admitted = Admit(peer.address().to_string(), refusal);
+        if (!admitted) {
+          Refuse(std::move(socket), refusal, tls.has_value());
+          Accept();
+          return;
+        }
+        const uint64_t id = *admitted;
         if (tls) {
           auto session = std::make_shared<Session<TlsStream>>(std::move(socket), *this, id);
           Register(id, session);
@@ -421,15 +491,64 @@ void HttpServer::Impl::Accept() {
       });
 }
 
+std::optional<uint64_t> HttpServer::Impl::Admit(const std::string& client, std::string& refusal) {
+  std::lock_guard lock(mutex);
+  if (sessions.size() >= max_connections) {
+    ++counters->refused_connection_limit;
+    refusal = fmt::format("server busy: {} connections open, the most it takes", sessions.size());
+    return std::nullopt;
+  }
+  size_t& from_client = connections_by_client[client];
+  if (options.max_connections_per_client > 0 && from_client >= options.max_connections_per_client) {
+    ++counters->refused_client_limit;
+    refusal = fmt::format("too many connections from {}: {} open, the most one client may have",
+                          client, from_client);
+    return std::nullopt;
+  }
+  ++from_client;
+  const uint64_t id = next_session_id++;
+  sessions.emplace(id, Tracked{{}, client});
+  ++counters->connections;
+  return id;
+}
+
 void HttpServer::Impl::Register(uint64_t id, const std::shared_ptr<SessionBase>& session) {
   std::lock_guard lock(mutex);
-  sessions.emplace(id, session);
+  sessions[id].session = session;
 }
 
 void HttpServer::Impl::Forget(uint64_t id) {
   std::lock_guard lock(mutex);
-  sessions.erase(id);
+  auto tracked = sessions.find(id);
+  if (tracked == sessions.end()) return;
+  auto from_client = connections_by_client.find(tracked->second.client);
+  if (from_client != connections_by_client.end() && --from_client->second == 0)
+    connections_by_client.erase(from_client);
+  sessions.erase(tracked);
+  --counters->connections;
   if (sessions.empty()) sessions_gone.notify_all();
+}
+
+std::string HttpCountersMetricsText(const HttpServerCounters& counters, std::string_view prefix) {
+  std::string text = fmt::format(
+      "# HELP {0}_http_connections Connections open to the HTTP API now.\n"
+      "# TYPE {0}_http_connections gauge\n"
+      "{0}_http_connections {1}\n"
+      "# HELP {0}_http_refused_total Connections and requests the HTTP layer refused or cut "
+      "off, by reason.\n"
+      "# TYPE {0}_http_refused_total counter\n",
+      prefix, counters.connections.load());
+  const std::pair<const char*, uint64_t> reasons[] = {
+      {"connection_limit", counters.refused_connection_limit.load()},
+      {"client_connection_limit", counters.refused_client_limit.load()},
+      {"request_timeout", counters.request_timeouts.load()},
+      {"body_too_large", counters.body_too_large.load()},
+      {"header_too_large", counters.header_too_large.load()},
+      {"malformed", counters.malformed.load()},
+  };
+  for (const auto& [reason, count] : reasons)
+    text += fmt::format("{}_http_refused_total{{reason=\"{}\"}} {}\n", prefix, reason, count);
+  return text;
 }
 
 HttpServer::StartResult HttpServer::Start(const HttpServerOptions& options, HttpHandler handler) {
@@ -447,6 +566,16 @@ HttpServer::StartResult HttpServer::Start(const HttpServerOptions& options,
     return result;
   }
   auto impl = std::make_unique<Impl>(options, std::move(handler));
+  impl->counters = options.counters ? options.counters : std::make_shared<HttpServerCounters>();
+  impl->max_connections = options.max_connections;
+  if (impl->max_connections == 0) {
+    // Half the descriptors for connections leaves the rest to the store, logs and workloads.
+    rlimit files{};
+    const size_t limit = ::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY
+                             ? static_cast<size_t>(files.rlim_cur)
+                             : 20000;
+    impl->max_connections = std::clamp<size_t>(limit / 2, 16, 10000);
+  }
   if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
     result.error = "HTTPS needs both a certificate and a private key (tls_cert_file, tls_key_file)";
     return result;
@@ -478,6 +607,14 @@ bool HttpServer::tls() const {
   return impl_->tls.has_value();
 }
 
+const HttpServerCounters& HttpServer::counters() const {
+  return *impl_->counters;
+}
+
+size_t HttpServer::max_connections() const {
+  return impl_->max_connections;
+}
+
 uint16_t HttpServer::port() const {
   return impl_->endpoint.port();
 }
@@ -502,8 +639,8 @@ void HttpServer::Stop() {
   std::vector<std::shared_ptr<SessionBase>> live;
   {
     std::lock_guard lock(server.mutex);
-    for (const auto& [id, weak] : server.sessions)
-      if (auto session = weak.lock()) live.push_back(std::move(session));
+    for (const auto& [id, tracked] : server.sessions)
+      if (auto session = tracked.session.lock()) live.push_back(std::move(session));
   }
   for (const auto& session : live)
     session->Shutdown();

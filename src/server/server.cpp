@@ -279,6 +279,8 @@ std::string Server::Impl::Start() {
   http_options.io_threads = std::max(1, options.io_threads);
   http_options.tls_cert_file = options.tls_cert_file;
   http_options.tls_key_file = options.tls_key_file;
+  http_options.counters = http_counters;
+  http_options.max_connections_per_client = options.max_connections_per_client;
   auto started = net::HttpServer::Start(
       http_options, [this](net::HttpRequest request, net::HttpResponder respond) {
         Dispatch(std::move(request), std::move(respond));

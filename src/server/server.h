@@ -40,6 +40,13 @@ struct ServerOptions {
   // A running job all of whose GPUs report at most 1 % utilisation for this long is flagged idle
   // (and, in queues with reclaim_idle, preempted while other jobs wait); 0: never.
   TimeMs idle_gpu_timeout_ms = 30 * 60 * 1000;
+  // Requests per second each user token may make, sustained, with bursts of twice that; beyond
+  // it a 429 with Retry-After. Admin tokens (operators, their automation and benchmarks), agents
+  // and gateways (whose syncs and long polls pace themselves) are not limited. 0: no limit.
+  double token_rate_limit = 100;
+  // Connections one client address may hold open to the API at once (slowloris); 0: no limit.
+  // Raise it for many users behind one NAT or proxy.
+  size_t max_connections_per_client = 256;
   // One line per notable event (node registered or lost, store failure); nothing when unset.
   std::function<void(const std::string&)> log;
   // Opens the store; unset: SQLite in data_dir. Another backend (etcd), or a test's, goes here.

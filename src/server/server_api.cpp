@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <ctime>
 #include <deque>
 #include <initializer_list>
@@ -1029,6 +1030,7 @@ HttpResponse Metrics(Impl& s) {
       "# TYPE gpufleet_agent_syncs_parked gauge\ngpufleet_agent_syncs_parked {}\n",
       stats.groups_committed, stats.batches_committed, stats.groups_failed, audit_entries,
       s.failed() ? 0 : 1, parked);
+  out += net::HttpCountersMetricsText(*s.http_counters, "gpufleet");
   return HttpResponse::Text(200, std::move(out), "text/plain; version=0.0.4; charset=utf-8");
 }
 
@@ -1074,6 +1076,16 @@ void Authorized(Impl& s, const HttpRequest& request, const std::vector<Role>& ro
     refusal.headers.emplace_back("WWW-Authenticate", "Bearer");
     return respond(std::move(refusal));
   }
+  if (caller->info.role == Role::kUser) {
+    if (auto wait = s.RateLimitedFor(caller->info.id)) {
+      HttpResponse refusal = HttpResponse::Error(
+          429, fmt::format("token {} is over its rate limit of {:g} requests/s; retry in {:.1f} s",
+                           caller->info.id, s.options.token_rate_limit, *wait));
+      refusal.headers.emplace_back("Retry-After",
+                                   std::to_string(static_cast<int>(std::ceil(*wait))));
+      return respond(std::move(refusal));
+    }
+  }
   if (std::find(roles.begin(), roles.end(), caller->info.role) == roles.end())
     return respond(HttpResponse::Error(403, fmt::format("a token with role {} may not do this",
                                                         api::RoleName(caller->info.role))));
@@ -1092,6 +1104,28 @@ void Authorized(Impl& s, const HttpRequest& request, const std::vector<Role>& ro
 }
 
 }  // namespace
+
+std::optional<double> Server::Impl::RateLimitedFor(const std::string& token_id) {
+  const double rate = options.token_rate_limit;
+  if (rate <= 0) return std::nullopt;
+  const double burst = 2 * rate;
+  const SteadyTime now = std::chrono::steady_clock::now();
+  std::lock_guard lock(rate_mu);
+  auto [it, fresh] = rate_buckets.try_emplace(token_id);
+  RateBucket& bucket = it->second;
+  if (fresh) {
+    bucket.tokens = burst;
+  } else {
+    const double elapsed = std::chrono::duration<double>(now - bucket.refilled).count();
+    bucket.tokens = std::min(burst, bucket.tokens + elapsed * rate);
+  }
+  bucket.refilled = now;
+  if (bucket.tokens >= 1) {
+    bucket.tokens -= 1;
+    return std::nullopt;
+  }
+  return (1 - bucket.tokens) / rate;
+}
 
 std::optional<Caller> Server::Impl::Authenticate(const HttpRequest& request,
                                                  std::string& refusal) const {

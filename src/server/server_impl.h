@@ -237,12 +237,25 @@ struct Server::Impl {
   const ServerOptions options;
   std::unique_ptr<store::Store> store;
   std::unique_ptr<store::GroupCommitter> committer;
+  // The HTTP layer's refusals and open connections, shown in /metrics.
+  const std::shared_ptr<net::HttpServerCounters> http_counters =
+      std::make_shared<net::HttpServerCounters>();
   std::unique_ptr<net::HttpServer> http;
   net::Router router;
   WorkerPool proxy_pool{4};
 
   // ---- State, guarded by mu -----------------------------------------------------------------
   mutable std::mutex mu;
+  // Per-token request buckets (options.token_rate_limit), under their own lock: taken on every
+  // call before the handler runs.
+  struct RateBucket {
+    double tokens = 0;
+    SteadyTime refilled{};
+  };
+  std::mutex rate_mu;
+  std::map<std::string, RateBucket> rate_buckets;  // by token id
+  // Whether `token_id` may make one more request now; else how many seconds until it may.
+  std::optional<double> RateLimitedFor(const std::string& token_id);
   std::map<JobId, api::JobRecord> jobs;
   // State pending, with what the scheduler needs of each (fixed while the job is pending).
   std::map<JobId, std::shared_ptr<const sched::PendingJob>> pending_jobs;

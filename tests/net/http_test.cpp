@@ -1,6 +1,6 @@
 // The HTTP server and client over real loopback sockets: round trips on port 0, routing, the body
-// limit, keep-alive, "Expect: 100-continue", graceful stop, client timeouts, and HTTPS with
-// certificates the openssl tool makes at test time.
+// limit, the request timeout and connection caps (slowloris), keep-alive, "Expect: 100-continue",
+// graceful stop, client timeouts, and HTTPS with certificates the openssl tool makes at test time.
 
 #include "net/http.h"
 
@@ -10,9 +10,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <future>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -67,8 +69,15 @@ HttpHandler Handler(Router router) {
 // A raw client socket, to see what the server does on the wire.
 class RawConnection {
  public:
-  explicit RawConnection(uint16_t port) {
+  // From `source` (any 127.x.y.z: a second client address on one machine) when given.
+  explicit RawConnection(uint16_t port, const char* source = nullptr) {
     fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (source) {
+      sockaddr_in local{};
+      local.sin_family = AF_INET;
+      ::inet_pton(AF_INET, source, &local.sin_addr);
+      if (::bind(fd_, reinterpret_cast<sockaddr*>(&local), sizeof local) != 0) return;
+    }
     sockaddr_in address{};
     address.sin_family = AF_INET;
     address.sin_port = htons(port);
@@ -85,6 +94,11 @@ class RawConnection {
       ASSERT_GT(put, 0);
       sent += static_cast<size_t>(put);
     }
+  }
+
+  // False once the server has closed the connection.
+  bool TrySend(const std::string& data) {
+    return ::send(fd_, data.data(), data.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(data.size());
   }
 
   // One response: the header block, then Content-Length bytes of body. Empty on timeout or EOF
@@ -196,6 +210,7 @@ TEST(HttpServer, BodyOverTheLimitIs413AndTheServerCarriesOn) {
   EXPECT_EQ(too_big.response->status, 413);
   EXPECT_NE(too_big.response->body.find("request body larger than 1024 bytes"), std::string::npos);
   EXPECT_EQ(too_big.response->Header("Connection"), "close");
+  EXPECT_EQ(server->counters().body_too_large.load(), 1u);
 
   HttpResult after = HttpGet(Url(*server, "/hello"));
   ASSERT_TRUE(after.ok()) << after.error;
@@ -254,6 +269,109 @@ TEST(HttpServer, MalformedRequestIs400) {
   std::string response = connection.ReadResponse();
   EXPECT_EQ(response.rfind("HTTP/1.1 400 Bad Request", 0), 0u) << response;
   EXPECT_TRUE(connection.ClosedByPeer());
+  EXPECT_EQ(server->counters().malformed.load(), 1u);
+}
+
+// Polls `done` every 10 ms for up to 5 s.
+template <typename Done>
+bool Eventually(Done done) {
+  for (int i = 0; i < 500; ++i) {
+    if (done()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return done();
+}
+
+TEST(HttpServer, ARequestMustArriveWholeWithinTheRequestTimeout) {
+  HttpServerOptions options;
+  options.request_timeout = 300ms;
+  options.idle_timeout = 5s;
+  auto server = StartServer(Handler(EchoRouter()), options);
+  ASSERT_TRUE(server);
+
+  // Idle longer than the request timeout is fine: that clock starts with a request's first byte.
+  RawConnection patient(server->port());
+  ASSERT_TRUE(patient.connected());
+  std::this_thread::sleep_for(600ms);
+  patient.Send("GET /hello HTTP/1.1\r\nHost: test\r\n\r\n");
+  EXPECT_EQ(patient.ReadResponse().rfind("HTTP/1.1 200 OK", 0), 0u);
+
+  // A header trickled a line every 100 ms (slowloris) is cut off, however steady the trickle.
+  RawConnection trickle(server->port());
+  ASSERT_TRUE(trickle.connected());
+  ASSERT_TRUE(trickle.TrySend("GET /hello HTTP/1.1\r\nHost: test\r\n"));
+  const auto started = std::chrono::steady_clock::now();
+  bool cut_off = false;
+  while (!cut_off && std::chrono::steady_clock::now() - started < 5s) {
+    std::this_thread::sleep_for(100ms);
+    cut_off = !trickle.TrySend("X-Slow: 1\r\n") || trickle.ClosedByPeer(0ms);
+  }
+  EXPECT_TRUE(cut_off || trickle.ClosedByPeer());
+  // So is a body trickled after a whole header.
+  RawConnection slow_body(server->port());
+  ASSERT_TRUE(slow_body.connected());
+  ASSERT_TRUE(
+      slow_body.TrySend("POST /echo HTTP/1.1\r\nHost: test\r\nContent-Length: 100\r\n\r\n"));
+  for (int i = 0; i < 10 && slow_body.TrySend("x"); ++i)
+    std::this_thread::sleep_for(100ms);
+  EXPECT_TRUE(slow_body.ClosedByPeer());
+  EXPECT_TRUE(Eventually([&] { return server->counters().request_timeouts.load() == 2; }))
+      << server->counters().request_timeouts.load();
+  EXPECT_EQ(HttpGet(Url(*server, "/hello")).response->status, 200);
+}
+
+TEST(HttpServer, ConnectionsAreCappedPerClientAddressAndInAll) {
+  HttpServerOptions options;
+  options.max_connections_per_client = 3;
+  options.max_connections = 5;
+  auto server = StartServer(Handler(EchoRouter()), options);
+  ASSERT_TRUE(server);
+  EXPECT_EQ(server->max_connections(), 5u);
+
+  std::vector<std::unique_ptr<RawConnection>> held;
+  for (int i = 0; i < 3; ++i)
+    held.push_back(std::make_unique<RawConnection>(server->port()));
+  ASSERT_TRUE(Eventually([&] { return server->counters().connections.load() == 3; }));
+  // A fourth from the same address is told why and closed...
+  RawConnection greedy(server->port());
+  ASSERT_TRUE(greedy.connected());
+  std::string refused = greedy.ReadResponse();
+  EXPECT_EQ(refused.rfind("HTTP/1.1 503 Service Unavailable", 0), 0u) << refused;
+  EXPECT_NE(refused.find("too many connections from 127.0.0.1: 3 open"), std::string::npos)
+      << refused;
+  EXPECT_NE(refused.find("Retry-After: 1"), std::string::npos) << refused;
+  EXPECT_TRUE(greedy.ClosedByPeer());
+  // ...while another client is served, and the held ones still work.
+  RawConnection other(server->port(), "127.0.0.2");
+  ASSERT_TRUE(other.connected());
+  other.Send("GET /hello HTTP/1.1\r\nHost: test\r\n\r\n");
+  EXPECT_EQ(other.ReadResponse().rfind("HTTP/1.1 200 OK", 0), 0u);
+  held[0]->Send("GET /hello HTTP/1.1\r\nHost: test\r\n\r\n");
+  EXPECT_EQ(held[0]->ReadResponse().rfind("HTTP/1.1 200 OK", 0), 0u);
+
+  // In all: 3 + 1 (127.0.0.2) + 1 (127.0.0.3) = 5; a sixth, from anyone, finds the server full.
+  RawConnection fifth(server->port(), "127.0.0.3");
+  ASSERT_TRUE(Eventually([&] { return server->counters().connections.load() == 5; }));
+  RawConnection sixth(server->port(), "127.0.0.4");
+  std::string full = sixth.ReadResponse();
+  EXPECT_EQ(full.rfind("HTTP/1.1 503", 0), 0u) << full;
+  EXPECT_NE(full.find("server busy: 5 connections open"), std::string::npos) << full;
+
+  // A client that closes one gets its place back.
+  held.pop_back();
+  ASSERT_TRUE(Eventually([&] { return server->counters().connections.load() == 4; }));
+  RawConnection again(server->port());
+  again.Send("GET /hello HTTP/1.1\r\nHost: test\r\n\r\n");
+  EXPECT_EQ(again.ReadResponse().rfind("HTTP/1.1 200 OK", 0), 0u);
+
+  const std::string metrics = HttpCountersMetricsText(server->counters(), "test");
+  EXPECT_NE(metrics.find("test_http_connections 5\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("test_http_refused_total{reason=\"client_connection_limit\"} 1\n"),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("test_http_refused_total{reason=\"connection_limit\"} 1\n"),
+            std::string::npos)
+      << metrics;
 }
 
 TEST(HttpServer, HandlerExceptionIs500) {

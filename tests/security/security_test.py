@@ -7,11 +7,14 @@ Usage: security_test.py path/to/gpufleet [test-name ...]"""
 import json
 import os
 import re
+import socket
 import stat
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "e2e"))
 from e2e_testlib import Cluster, api, check, http, run_tests, wait_until  # noqa: E402
@@ -168,12 +171,97 @@ def test_tokens_forged_expired_revoked_rotated_and_scoped(gpufleet):
                         re.M), f"token list: {listed}")
 
 
+def trickle(connection, data):
+    """Sends what a refused connection (closed by the server) may no longer take."""
+    try:
+        connection.sendall(data)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+
+
+def test_slow_and_greedy_clients_cannot_lock_others_out(gpufleet):
+    """Slowloris from one address (hundreds of connections, each trickling a header) fills only
+    that address's share of connections: the rest are answered 503 at once, and another client is
+    served throughout. A user token calling in a tight loop gets 429 with Retry-After and stores
+    nothing; an admin is not slowed. /metrics counts each refusal by reason."""
+    per_client = 64
+    with Cluster(gpufleet, "slowloris", server_args=[
+            "--max-connections-per-client", str(per_client), "--token-rate-limit", "20"]) as cluster:
+        cluster.start_server()
+        host, port = cluster.url.removeprefix("http://").split(":")
+        attackers, refused = [], 0
+        try:
+            for _ in range(per_client + 100):
+                connection = socket.socket()
+                connection.bind(("127.0.0.2", 0))
+                connection.settimeout(5)
+                connection.connect((host, int(port)))
+                attackers.append(connection)
+                trickle(connection, b"GET /api/v1/jobs HTTP/1.1\r\nHost: x\r\n")
+            for connection in attackers:
+                trickle(connection, b"X-Slow: 1\r\n")
+            # Held connections are still waiting for their header's end; the rest were refused.
+            time.sleep(0.5)  # refusals are written at accept: they are all in by now
+            told = 0
+            for connection in attackers:
+                connection.setblocking(False)
+                try:
+                    answer = connection.recv(4096)
+                except BlockingIOError:  # held: still waiting for its header's end
+                    continue
+                except ConnectionResetError:  # refused, its answer lost to the reset
+                    refused += 1
+                    continue
+                refused += 1
+                told += answer.startswith(b"HTTP/1.1 503") and \
+                    b"too many connections from 127.0.0.2: 64 open" in answer
+            check(refused == 100 and told > 0,
+                  f"{refused} of the slowloris connections refused (not 100), {told} told why")
+            status, body = api(cluster.url, cluster.admin_token, "GET", "/api/v1/jobs")
+            check(status == 200, f"another client during the attack: {status} {body}")
+            status, metrics = http("GET", cluster.url + "/metrics")
+            check(re.search(r'^gpufleet_http_refused_total\{reason="client_connection_limit"\} '
+                            r'100$', metrics, re.M), f"metrics: {metrics}")
+            connections = int(re.search(r"^gpufleet_http_connections (\d+)$", metrics,
+                                        re.M).group(1))
+            check(connections >= per_client, f"{connections} connections open during the attack")
+        finally:
+            for connection in attackers:
+                connection.close()
+
+        user = cluster.token("eager", "team-e")
+        job = {"command": ["true"], "gpus": 1}
+        codes = [api(cluster.url, user, "GET", "/api/v1/jobs")[0] for _ in range(80)]
+        check(200 in codes and 429 in codes, f"a tight loop of 80 calls got {set(codes)}")
+        request = urllib.request.Request(cluster.url + "/api/v1/jobs", method="POST",
+                                         data=json.dumps(job).encode(),
+                                         headers={"Authorization": "Bearer " + user})
+        try:
+            urllib.request.urlopen(request, timeout=10)
+            check(False, "a submission over the rate was accepted")
+        except urllib.error.HTTPError as error:
+            check(error.code == 429 and error.headers["Retry-After"] in ("1", "2"),
+                  f"over the rate: {error.code} Retry-After {error.headers['Retry-After']}")
+            check("rate limit of 20 requests/s" in error.read().decode(), "says why")
+        for _ in range(80):
+            status, _ = api(cluster.url, cluster.admin_token, "GET", "/api/v1/jobs")
+            check(status == 200, f"an admin was refused: {status}")
+        check(api(cluster.url, cluster.admin_token, "GET", "/api/v1/jobs")[1]["jobs"] == [],
+              "a refused submission was stored")
+        time.sleep(1.5)
+        check(api(cluster.url, user, "GET", "/api/v1/jobs")[0] == 200, "the token works again")
+        status, metrics = http("GET", cluster.url + "/metrics")
+        check(re.search(r'^gpufleet_api_requests_total\{[^}]*code="429"[^}]*\} [1-9]', metrics,
+                        re.M), "429s are counted in gpufleet_api_requests_total")
+
+
 def new_id_of(cluster, secret):
     return api(cluster.url, secret, "GET", "/api/v1/whoami")[1]["id"]
 
 
 TESTS = [test_agent_api_needs_the_control_planes_key, test_standalone_agent_is_loopback_only,
-         test_tokens_forged_expired_revoked_rotated_and_scoped]
+         test_tokens_forged_expired_revoked_rotated_and_scoped,
+         test_slow_and_greedy_clients_cannot_lock_others_out]
 
 if __name__ == "__main__":
     wanted = sys.argv[2:]

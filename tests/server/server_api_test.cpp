@@ -223,6 +223,46 @@ TEST_F(ServerTest, TokenScopesExpiryAndRotation) {
   EXPECT_NE(audit.find("token.rotate"), std::string::npos);
 }
 
+class RateLimitTest : public ServerTest {
+ protected:
+  void SetUp() override {
+    options_.token_rate_limit = 5;  // bursts of 10
+    Start();
+  }
+};
+
+TEST_F(RateLimitTest, APersonsTokenOverItsRateGets429WithRetryAfterAndOthersGoOn) {
+  int answered = 0;
+  Reply refused;
+  for (int i = 0; i < 30; ++i) {
+    Reply reply = Call("GET", "/api/v1/jobs", alice_);
+    if (reply.status == 200) {
+      ++answered;
+    } else {
+      refused = reply;
+      break;
+    }
+  }
+  // The burst (10, plus what refilled meanwhile), then a refusal that says when to come back.
+  EXPECT_GE(answered, 10);
+  EXPECT_LT(answered, 30);
+  EXPECT_EQ(refused.status, 429);
+  EXPECT_NE(refused.body.find("rate limit of 5 requests/s"), std::string::npos) << refused.body;
+  EXPECT_EQ(refused.raw.Header("Retry-After"), "1");
+  // Each token has its own bucket; admins and agents are not limited.
+  EXPECT_EQ(Call("GET", "/api/v1/jobs", bob_).status, 200);
+  for (int i = 0; i < 30; ++i)
+    ASSERT_EQ(Call("GET", "/api/v1/jobs", admin_).status, 200);
+  for (int i = 0; i < 30; ++i)
+    ASSERT_EQ(Call("POST", "/api/v1/agents/sync", agent_, json(api::SyncRequest{}).dump()).status,
+              400);  // refused for its content, not its rate
+  // A refused submission stores nothing; after a pause the token works again.
+  EXPECT_EQ(Call("POST", "/api/v1/jobs", alice_, kOneGpu.dump()).status, 429);
+  EXPECT_EQ(JobCount(), 0u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  EXPECT_EQ(Call("GET", "/api/v1/jobs", alice_).status, 200);
+}
+
 // ---- Scheduling, agents, the lifecycle
 // ------------------------------------------------------------
 

@@ -213,6 +213,7 @@ class ServerTest : public ::testing::Test {
     ServerOptions options;
     options.schedule_interval_ms = 200;
     options.heartbeat_ms = 60000;  // a long poll that is not woken outlasts the test's timeout
+    options.token_rate_limit = 0;  // WaitUntil polls faster than people; RateLimit tests it
     return options;
   }();
   std::unique_ptr<Server> server_;
