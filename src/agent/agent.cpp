@@ -161,7 +161,13 @@ struct AgentCore::State {
   std::string data_dir;
   std::string hostname;
   std::unique_ptr<GpuBackend> backend;
-  SimGpuBackend* sim = nullptr;  // the backend, when simulated
+  SimGpuBackend* sim = nullptr;                        // the backend, when simulated
+  GpuSharingMode sharing = GpuSharingMode::kAdvisory;  // resolved at Open
+  std::unique_ptr<MpsDaemon> mps;                      // when sharing is kMps
+  // Sets a shared workload's limits and what it must be told (its environment); with MPS, starts
+  // the node's daemon first. Takes no lock: starting the daemon takes a while.
+  std::optional<std::string> HoldToShare(MilliGpu share, const std::vector<size_t>& positions,
+                                         WorkloadSpec& spec);
   std::string driver_version;
   GpuInventory inventory;
   std::map<int32_t, size_t> position_of_index;
@@ -255,6 +261,7 @@ void AgentCore::State::SampleLocked() {
   const size_t count = inventory.gpus.size();
   std::vector<std::vector<std::string>> workload_ids(count);
   std::vector<std::vector<std::string>> job_ids(count);
+  std::vector<std::vector<GpuMetricsEntry::Share>> shares(count);
   std::vector<SimGpuLoad> loads(count);
   {
     std::lock_guard lock(mutex);
@@ -263,6 +270,12 @@ void AgentCore::State::SampleLocked() {
       for (size_t position : holding.positions) {
         workload_ids[position].push_back(id);
         job_ids[position].push_back(holding.job_label);
+        if (holding.gpu_milli < kMilliPerGpu) {
+          const GpuShareLimits limits =
+              ShareLimits(holding.gpu_milli, {inventory.gpus[position].memory_total_mib});
+          shares[position].push_back(
+              {holding.job_label, limits.compute_percent, limits.memory_limit_mib.front()});
+        }
         // A workload without CUDA cannot really load a simulated GPU: holding one is the load,
         // unless the workload says otherwise (to try idle-GPU detection without GPUs).
         loads[position].utilization =
@@ -291,6 +304,7 @@ void AgentCore::State::SampleLocked() {
   snapshot.hostname = hostname;
   snapshot.backend = std::string(backend->Name());
   snapshot.driver_version = driver_version;
+  snapshot.gpu_sharing = std::string(GpuSharingModeName(sharing));
   snapshot.gpus.reserve(count);
   int64_t healthy = 0;
   for (size_t position = 0; position < count; ++position) {
@@ -311,7 +325,8 @@ void AgentCore::State::SampleLocked() {
         Log(fmt::format("GPU {} ({}) is healthy again", view.info.index, view.info.uuid));
       reported[position] = view.health;
     }
-    snapshot.gpus.push_back({view.info, view.sample, view.health, view.job_ids});
+    snapshot.gpus.push_back(
+        {view.info, view.sample, view.health, view.job_ids, std::move(shares[position])});
   }
   render_buffer.clear();
   AppendPrometheus(snapshot, render_buffer);
@@ -525,6 +540,27 @@ AgentResult<std::unique_ptr<AgentCore>> AgentCore::Open(AgentOptions options) {
   state->data_dir = data_dir.lexically_normal().string();
   if (state->data_dir.size() > 1 && state->data_dir.back() == '/') state->data_dir.pop_back();
 
+  // Shares are enforced where they can be, and the node says which (never silently advisory).
+  state->sharing = options.gpu_sharing;
+  if (state->sharing == GpuSharingMode::kAuto) {
+    if (state->sim)
+      state->sharing = GpuSharingMode::kRecorded;
+    else if (MpsDaemon::FindControlBinary(options.mps_control))
+      state->sharing = GpuSharingMode::kMps;
+    else
+      state->sharing = GpuSharingMode::kAdvisory;
+    if (state->sharing == GpuSharingMode::kAdvisory)
+      state->startup_notes.push_back(fmt::format(
+          "GPU shares are advisory: {} not found (fractional jobs are told their share, nothing "
+          "enforces it)",
+          options.mps_control));
+  }
+  if (state->sharing == GpuSharingMode::kMps) {
+    if (!MpsDaemon::FindControlBinary(options.mps_control))
+      return bad(fmt::format("--gpu-sharing mps: {} not found in PATH", options.mps_control));
+    state->mps = std::make_unique<MpsDaemon>(state->data_dir + "/mps", options.mps_control);
+  }
+
   std::vector<std::string> shim_command = options.shim_command;
   if (shim_command.empty()) {
     std::error_code link_error;
@@ -611,6 +647,10 @@ AgentCore::~AgentCore() {
 
 std::string_view AgentCore::backend_name() const {
   return state_->backend->Name();
+}
+
+GpuSharingMode AgentCore::gpu_sharing() const {
+  return state_->sharing;
 }
 std::string AgentCore::driver_version() const {
   return state_->driver_version;
@@ -733,6 +773,33 @@ std::string AgentCore::MetricsText() const {
   return text;
 }
 
+std::optional<std::string> AgentCore::State::HoldToShare(MilliGpu share,
+                                                         const std::vector<size_t>& positions,
+                                                         WorkloadSpec& spec) {
+  std::vector<MiB> memory;
+  for (size_t position : positions)
+    memory.push_back(inventory.gpus[position].memory_total_mib);
+  const GpuShareLimits limits = ShareLimits(share, memory);
+  spec.gpu_sharing = std::string(GpuSharingModeName(sharing));
+  spec.gpu_compute_percent = limits.compute_percent;
+  spec.gpu_memory_limit_mib = limits.memory_limit_mib;
+  // Told in any mode, e.g. for torch.cuda.set_per_process_memory_fraction (docs/agent.md).
+  spec.env["GPUFLEET_GPU_SHARE"] = fmt::format("{:.3f}", share / 1000.0);
+  spec.env["GPUFLEET_GPU_MEMORY_LIMIT_MIB"] = std::to_string(
+      *std::min_element(limits.memory_limit_mib.begin(), limits.memory_limit_mib.end()));
+  spec.env["GPUFLEET_GPU_SHARING"] = spec.gpu_sharing;
+  if (sharing == GpuSharingMode::kAdvisory) return std::nullopt;
+  // What the CUDA driver of an MPS client reads at its first CUDA call: recorded as such on
+  // simulated GPUs, where nothing reads them.
+  spec.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = std::to_string(limits.compute_percent);
+  spec.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = PinnedMemoryLimitValue(limits.memory_limit_mib);
+  if (sharing != GpuSharingMode::kMps) return std::nullopt;
+  if (auto error = mps->EnsureRunning()) return error;
+  spec.env["CUDA_MPS_PIPE_DIRECTORY"] = mps->pipe_directory();
+  spec.env["CUDA_MPS_LOG_DIRECTORY"] = mps->log_directory();
+  return std::nullopt;
+}
+
 AgentResult<WorkloadView> AgentCore::Launch(const LaunchRequest& request) {
   State& state = *state_;
   auto bad = [](std::string message) {
@@ -783,14 +850,12 @@ AgentResult<WorkloadView> AgentCore::Launch(const LaunchRequest& request) {
   }
   spec.gpu_milli = request.gpu_milli;
   if (request.gpu_milli < kMilliPerGpu && !positions.empty()) {
-    // Nothing on the GPU enforces a share; the workload is told its part, e.g. for
-    // torch.cuda.set_per_process_memory_fraction (docs/agent.md).
-    MiB smallest = state.inventory.gpus[positions.front()].memory_total_mib;
-    for (size_t position : positions)
-      smallest = std::min(smallest, state.inventory.gpus[position].memory_total_mib);
-    spec.env["GPUFLEET_GPU_SHARE"] = fmt::format("{:.3f}", request.gpu_milli / 1000.0);
-    spec.env["GPUFLEET_GPU_MEMORY_LIMIT_MIB"] =
-        std::to_string(smallest * request.gpu_milli / kMilliPerGpu);
+    if (auto error = state.HoldToShare(request.gpu_milli, positions, spec)) {
+      std::lock_guard lock(state.mutex);
+      state.active.erase(id);
+      state.PublishCountsLocked();
+      return AgentError{AgentErrorKind::kInternal, *error};
+    }
   }
   spec.cpu_milli = request.cpu_milli;
   spec.memory_mib = request.memory_mib;

@@ -19,6 +19,7 @@
 #include "agent/executor.h"
 #include "agent/gpu_backend.h"
 #include "agent/gpu_health.h"
+#include "agent/gpu_sharing.h"
 #include "agent/sim_gpu_backend.h"
 #include "agent/workload.h"
 #include "core/quantity.h"
@@ -41,6 +42,10 @@ struct AgentOptions {
   // The shim's argv prefix; empty: {this binary (/proc/self/exe), "agent-shim"}.
   std::vector<std::string> shim_command;
   CgroupMode cgroup_mode = CgroupMode::kAuto;
+  // How fractional GPU shares are held to their part (gpu_sharing.h), and the MPS control
+  // program for GpuSharingMode::kMps.
+  GpuSharingMode gpu_sharing = GpuSharingMode::kAuto;
+  std::string mps_control = "nvidia-cuda-mps-control";
   GpuHealthConfig health;
   uint64_t sim_seed = 1;
   // How each workload's stdout and stderr are rotated (tests use small files).
@@ -148,6 +153,8 @@ class AgentCore {
   AgentCore& operator=(const AgentCore&) = delete;
 
   std::string_view backend_name() const;
+  // How GPU shares are held on this node, as resolved at Open: never kAuto.
+  GpuSharingMode gpu_sharing() const;
   std::string driver_version() const;
   const std::string& hostname() const;
   const std::string& data_dir() const;  // absolute

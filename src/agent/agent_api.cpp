@@ -191,6 +191,11 @@ Json WorkloadToJson(const WorkloadView& view) {
   json["argv"] = spec.argv;
   json["gpus"] = spec.gpu_indices;
   json["gpu_uuids"] = spec.gpu_uuids;
+  if (spec.gpu_milli < kMilliPerGpu)
+    json["gpu_share"] = {{"milli", spec.gpu_milli},
+                         {"sharing", spec.gpu_sharing},
+                         {"compute_percent", spec.gpu_compute_percent},
+                         {"memory_limit_mib", spec.gpu_memory_limit_mib}};
   json["cpu_milli"] = spec.cpu_milli;
   json["memory_mib"] = spec.memory_mib;
   json["grace_ms"] = spec.grace_period;
@@ -232,6 +237,7 @@ net::HttpResponse HandleHealth(const AgentCore& core, const AgentApiOptions& opt
   const bool sampling = core.SamplerHealthy();
   Json json;
   json["status"] = sampling ? "ok" : "sampling stalled";
+  json["gpu_sharing"] = GpuSharingModeName(core.gpu_sharing());
   json["version"] = kVersion;
   json["hostname"] = snapshot.hostname;
   json["backend"] = snapshot.backend;

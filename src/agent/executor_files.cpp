@@ -38,6 +38,9 @@ json WorkloadToJson(const WorkloadSpec& spec) {
               {"gpu_indices", spec.gpu_indices},
               {"gpu_uuids", spec.gpu_uuids},
               {"gpu_milli", spec.gpu_milli},
+              {"gpu_sharing", spec.gpu_sharing},
+              {"gpu_compute_percent", spec.gpu_compute_percent},
+              {"gpu_memory_limit_mib", spec.gpu_memory_limit_mib},
               {"cpu_milli", spec.cpu_milli},
               {"memory_mib", spec.memory_mib},
               {"grace_period_ms", spec.grace_period},
@@ -57,6 +60,10 @@ void WorkloadFromJson(const json& object, WorkloadSpec& spec) {
   object.at("gpu_uuids").get_to(spec.gpu_uuids);
   // Absent in specs written before GPUs could be shared: those held their GPUs whole.
   spec.gpu_milli = object.value("gpu_milli", kMilliPerGpu);
+  // Absent in specs written before shares had limits.
+  spec.gpu_sharing = object.value("gpu_sharing", std::string());
+  spec.gpu_compute_percent = object.value("gpu_compute_percent", 0);
+  spec.gpu_memory_limit_mib = object.value("gpu_memory_limit_mib", std::vector<MiB>());
   object.at("cpu_milli").get_to(spec.cpu_milli);
   object.at("memory_mib").get_to(spec.memory_mib);
   object.at("grace_period_ms").get_to(spec.grace_period);

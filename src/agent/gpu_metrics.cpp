@@ -203,6 +203,28 @@ void AppendPrometheus(const NodeMetricsSnapshot& snapshot, std::string& out) {
       out += "\"} 1\n";
     }
   }
+  bool shares_header_written = false;
+  for (size_t i = 0; i < snapshot.gpus.size(); ++i) {
+    for (const GpuMetricsEntry::Share& share : snapshot.gpus[i].shares) {
+      if (!shares_header_written) {
+        AppendHeader("gpufleet_gpu_share_limit", "gauge",
+                     "Limits of each job's share of a GPU: compute_percent of its SMs, "
+                     "memory_mib of its memory; sharing says what enforces them (mps) or not "
+                     "(recorded on simulated GPUs, advisory).",
+                     out);
+        shares_header_written = true;
+      }
+      for (const auto& [limit, value] :
+           {std::pair<const char*, int64_t>{"compute_percent", share.compute_percent},
+            std::pair<const char*, int64_t>{"memory_mib", share.memory_limit_mib}}) {
+        fmt::format_to(Out(out), "gpufleet_gpu_share_limit{{{},job_id=\"", labels[i]);
+        AppendEscaped(share.job_id, out);
+        fmt::format_to(Out(out), "\",limit=\"{}\",sharing=\"", limit);
+        AppendEscaped(snapshot.gpu_sharing, out);
+        fmt::format_to(Out(out), "\"}} {}\n", value);
+      }
+    }
+  }
   AppendHeader("gpufleet_agent_backend_info", "gauge",
                "Always 1: the GPU backend in use (nvml or sim) and its driver version.", out);
   std::string info_labels = "{";

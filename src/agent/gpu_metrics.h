@@ -15,10 +15,18 @@ struct GpuMetricsEntry {
   GpuSample sample;
   GpuHealth health;
   std::vector<std::string> job_ids;  // several when the GPU is shared
+  // The limits of each share of the GPU (none when it is held whole).
+  struct Share {
+    std::string job_id;
+    int compute_percent = 0;
+    MiB memory_limit_mib = 0;
+  };
+  std::vector<Share> shares;
 };
 
 struct NodeMetricsSnapshot {
   std::string hostname;        // the Hostname label
+  std::string gpu_sharing;     // the sharing label of share limits: "mps", "recorded", ...
   std::string backend;         // GpuBackend::Name(): "nvml" or "sim"
   std::string driver_version;  // the DCGM_FI_DRIVER_VERSION label
   std::vector<GpuMetricsEntry> gpus;

@@ -34,6 +34,11 @@ struct WorkloadSpec {
   std::vector<std::string> gpu_uuids;  // same order as gpu_indices, or empty
   // Of each GPU: kMilliPerGpu holds it whole; less shares it with other workloads.
   MilliGpu gpu_milli = kMilliPerGpu;
+  // A share only: how it is held (GpuSharingModeName: "mps", "recorded", "advisory") and its
+  // limits, of the SMs and of each GPU's memory in gpu_indices' order.
+  std::string gpu_sharing;
+  int gpu_compute_percent = 0;
+  std::vector<MiB> gpu_memory_limit_mib;
   MilliCpu cpu_milli = 0;                       // CPU quota; 0 = no limit
   MiB memory_mib = 0;                           // memory limit; 0 = no limit
   TimeMs grace_period = kDefaultGracePeriodMs;  // SIGTERM -> SIGKILL on cancel and timeout

@@ -57,6 +57,16 @@ void AddBackendOptions(CLI::App& command, AgentArgs& args) {
       .add_option("--cgroups", args.cgroups,
                   "CPU/memory limits through cgroups: auto, v2, v1, none")
       ->capture_default_str();
+  command
+      .add_option("--gpu-sharing", args.gpu_sharing,
+                  "How fractional GPU shares are held to their part: mps (CUDA MPS enforces "
+                  "compute and memory limits), advisory (the job is told its share), auto (mps "
+                  "when the MPS control program is found; recorded on simulated GPUs)")
+      ->capture_default_str();
+  command
+      .add_option("--mps-control", args.mps_control,
+                  "The CUDA MPS control program (looked up in PATH without a '/')")
+      ->capture_default_str();
 }
 
 // One line on stderr for the CLI's own messages, so stdout carries only what was asked for.
@@ -90,6 +100,14 @@ std::optional<agent::AgentOptions> CoreOptions(const AgentArgs& args) {
     return std::nullopt;
   }
   options.cgroup_mode = *mode;
+  auto sharing = agent::ParseGpuSharingMode(args.gpu_sharing);
+  if (!sharing || *sharing == agent::GpuSharingMode::kRecorded) {
+    fmt::print(stderr, "error: --gpu-sharing '{}': expected auto, mps or advisory\n",
+               args.gpu_sharing);
+    return std::nullopt;
+  }
+  options.gpu_sharing = *sharing;
+  options.mps_control = args.mps_control;
   return options;
 }
 
@@ -249,10 +267,11 @@ int RunDaemon(const AgentArgs& args) {
   // One line that says what this agent is; scripts read the address from it.
   fmt::print(
       "gpufleet agent {}: backend {}, {}, listening on {}://{}, data dir {}, sampling "
-      "every {}, {}\n",
+      "every {}, {}, GPU shares {}\n",
       kVersion, BackendDescription(*core), core->DescribeGpus(),
       args.tls_cert.empty() ? "http" : "https", server->address(), core->data_dir(),
-      FormatInterval(core->sample_interval_ms()), mode);
+      FormatInterval(core->sample_interval_ms()), mode,
+      agent::GpuSharingModeName(core->gpu_sharing()));
   for (const std::string& note : core->startup_notes())
     fmt::print("  {}\n", note);
   if (loop && IsLoopback(loop_options.address)) {

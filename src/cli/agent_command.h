@@ -21,6 +21,8 @@ struct AgentArgs {
   std::string interval = "1s";
   std::string hostname;
   std::string cgroups = "auto";
+  std::string gpu_sharing = "auto";
+  std::string mps_control = "nvidia-cuda-mps-control";
   // The control plane (daemon only): without --server the agent is standalone.
   std::string server;
   std::string token;  // else --token-file, else $GPUFLEET_TOKEN

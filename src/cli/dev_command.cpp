@@ -316,6 +316,7 @@ int RunDev(const DevArgs& args) {
                        simulated_because.empty() ? "--sim-gpus asked for it" : simulated_because);
   else
     gpus = fmt::format("{} via NVML, driver {}", gpus, core->driver_version());
+  gpus += fmt::format("; GPU shares {}", agent::GpuSharingModeName(core->gpu_sharing()));
   fmt::print(
       "gpufleet dev {}: a one-machine cluster is up\n"
       "  API         {}/api/v1\n"

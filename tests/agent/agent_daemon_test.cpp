@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <string>
@@ -349,6 +350,127 @@ TEST_F(AgentDaemonTest, NvmlFailureIsAnErrorNeverASimulation) {
   EXPECT_THAT(opened.error().message, HasSubstr("--sim-gpus"));
 }
 
+// A share of GPU `index` running `argv`, as the control loop asks for one.
+LaunchRequest Share(const std::string& id, JobId job, int32_t index, MilliGpu milli,
+                    std::vector<std::string> argv) {
+  LaunchRequest request;
+  request.id = id;
+  request.job_id = job;
+  request.argv = std::move(argv);
+  request.gpu_indices = std::vector<int32_t>{index};
+  request.gpu_milli = milli;
+  return request;
+}
+
+const std::vector<std::string> kSayMpsEnvironment = {
+    "sh", "-c",
+    "echo \"$CUDA_MPS_PIPE_DIRECTORY|$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE|"
+    "$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT|$GPUFLEET_GPU_SHARING\""};
+
+TEST_F(AgentDaemonTest, SharesOfSimulatedGpusHaveTheirLimitsRecordedAndExported) {
+  ASSERT_NO_FATAL_FAILURE(StartAgent(SimOptions()));
+  EXPECT_EQ(core_->gpu_sharing(), GpuSharingMode::kRecorded);
+  EXPECT_EQ(GetJson("/healthz")["gpu_sharing"], "recorded");
+  auto third = core_->Launch(Share("third", 31, 2, 333, {"sleep", "30"}));
+  ASSERT_TRUE(third.ok()) << third.error().message;
+  const WorkloadSpec& spec = third.value().spec;
+  // A third of an H100-80GB (81,559 MiB): 34 % of its SMs (rounded up), 27,159 MiB.
+  EXPECT_EQ(spec.gpu_sharing, "recorded");
+  EXPECT_EQ(spec.gpu_compute_percent, 34);
+  EXPECT_EQ(spec.gpu_memory_limit_mib, std::vector<MiB>{27159});
+  EXPECT_EQ(spec.env.at("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), "34");
+  EXPECT_EQ(spec.env.at("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), "0=27159M");
+  EXPECT_EQ(spec.env.count("CUDA_MPS_PIPE_DIRECTORY"), 0u);  // no daemon on simulated GPUs
+  const Json shown = GetJson("/v1/workloads/third")["gpu_share"];
+  EXPECT_EQ(shown, Json({{"milli", 333},
+                         {"sharing", "recorded"},
+                         {"compute_percent", 34},
+                         {"memory_limit_mib", {27159}}}))
+      << shown.dump();
+  // A whole GPU has no share and no limits.
+  auto whole = core_->Launch(Share("whole", 32, 3, 1000, {"sleep", "30"}));
+  ASSERT_TRUE(whole.ok());
+  EXPECT_EQ(whole.value().spec.env.count("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), 0u);
+  EXPECT_FALSE(GetJson("/v1/workloads/whole").contains("gpu_share"));
+
+  core_->SampleNow();
+  const auto limits = Series(Get("/metrics").body, "gpufleet_gpu_share_limit");
+  ASSERT_EQ(limits.size(), 1u);  // GPU 2 only
+  ASSERT_EQ(limits.at(2).size(), 2u);
+  EXPECT_THAT(limits.at(2)[0].labels,
+              HasSubstr("job_id=\"31\",limit=\"compute_percent\",sharing=\"recorded\""));
+  EXPECT_EQ(limits.at(2)[0].value, 34);
+  EXPECT_THAT(limits.at(2)[1].labels, HasSubstr("limit=\"memory_mib\""));
+  EXPECT_EQ(limits.at(2)[1].value, 27159);
+}
+
+TEST_F(AgentDaemonTest, SharesOfNvidiaGpusRunUnderTheAgentsOwnMpsDaemon) {
+  // A stand-in for NVIDIA's control program, speaking its protocol: "-d" starts the daemon (a
+  // control file here), a command on stdin fails unless the daemon runs. Its calls are logged.
+  const fs::path control = root_ / "nvidia-cuda-mps-control";
+  const fs::path calls = root_ / "mps-calls";
+  {
+    std::ofstream script(control);
+    script << "#!/bin/sh\n"
+           << "if [ \"$1\" = -d ]; then\n"
+           << "  echo \"start $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY\" >> " << calls
+           << "\n"
+           << "  touch \"$CUDA_MPS_PIPE_DIRECTORY/control\"; exit 0\n"
+           << "fi\n"
+           << "read command\n"
+           << "[ -e \"$CUDA_MPS_PIPE_DIRECTORY/control\" ] || exit 1\n"
+           << "echo \"$command\" >> " << calls << "\n";
+  }
+  fs::permissions(control, fs::perms::owner_all);
+  AgentOptions options = SimOptions();
+  options.sim_gpus.clear();
+  options.nvml_library = GPUFLEET_FAKE_NVML;
+  options.mps_control = control.string();
+  ASSERT_NO_FATAL_FAILURE(StartAgent(options));
+  ASSERT_EQ(core_->gpu_sharing(), GpuSharingMode::kMps);
+
+  ASSERT_TRUE(core_->Launch(Share("half", 41, 0, 500, kSayMpsEnvironment)).ok());
+  ASSERT_TRUE(core_->Launch(Share("quarter", 42, 0, 250, kSayMpsEnvironment)).ok());
+  WaitFinished("half");
+  WaitFinished("quarter");
+  const std::string pipe = core_->data_dir() + "/mps/pipe";
+  EXPECT_EQ(core_->Logs("half", "stdout", std::nullopt).value(), pipe + "|50|0=40779M|mps\n");
+  EXPECT_EQ(core_->Logs("quarter", "stdout", std::nullopt).value(), pipe + "|25|0=20389M|mps\n");
+  // One daemon for the node, started by the first share and found running by the second.
+  std::ifstream logged(calls);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(logged, line);)
+    lines.push_back(line);
+  ASSERT_GE(lines.size(), 3u);
+  EXPECT_EQ(std::count(lines.begin(), lines.end(),
+                       "start " + pipe + " " + core_->data_dir() + "/mps/log"),
+            1)
+      << ::testing::PrintToString(lines);
+  EXPECT_EQ(std::count(lines.begin(), lines.end(), "get_server_list"),
+            static_cast<long>(lines.size()) - 1);
+}
+
+TEST_F(AgentDaemonTest, WithoutMpsSharesAreAdvisoryAndSaySoOrMpsIsAStartError) {
+  AgentOptions options = SimOptions();
+  options.sim_gpus.clear();
+  options.nvml_library = GPUFLEET_FAKE_NVML;
+  options.mps_control = (root_ / "no-such-mps-control").string();
+  options.gpu_sharing = GpuSharingMode::kMps;
+  auto refused = AgentCore::Open(options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.error().message,
+              HasSubstr("--gpu-sharing mps: " + options.mps_control + " not found"));
+
+  options.gpu_sharing = GpuSharingMode::kAuto;
+  ASSERT_NO_FATAL_FAILURE(StartAgent(options));
+  EXPECT_EQ(core_->gpu_sharing(), GpuSharingMode::kAdvisory);
+  EXPECT_THAT(::testing::PrintToString(core_->startup_notes()),
+              HasSubstr("GPU shares are advisory"));
+  ASSERT_TRUE(core_->Launch(Share("told", 51, 0, 500, kSayMpsEnvironment)).ok());
+  WaitFinished("told");
+  EXPECT_EQ(core_->Logs("told", "stdout", std::nullopt).value(), "|||advisory\n");
+}
+
 TEST_F(AgentDaemonTest, LaunchHoldsGpusShowsJobsAndLoadsTheSimulatedGpus) {
   ASSERT_NO_FATAL_FAILURE(StartAgent(SimOptions()));
   net::HttpClientResponse launched =
@@ -589,6 +711,18 @@ TEST_F(AgentDaemonTest, TheSamplingThreadSamplesAtTheIntervalAndAfterALaunch) {
       },
       5s));
   EXPECT_TRUE(core_->SamplerHealthy());
+}
+
+TEST(GpuShareLimits, ComputeRoundsUpMemoryRoundsDownPerGpu) {
+  EXPECT_EQ(ShareLimits(1, {81559}).compute_percent, 1);  // never 0: that would be no limit
+  EXPECT_EQ(ShareLimits(1, {81559}).memory_limit_mib, std::vector<MiB>{81});
+  EXPECT_EQ(ShareLimits(999, {81559}).compute_percent, 100);
+  const GpuShareLimits half = ShareLimits(500, {81559, 46068});
+  EXPECT_EQ(half.compute_percent, 50);
+  EXPECT_EQ(half.memory_limit_mib, (std::vector<MiB>{40779, 23034}));
+  EXPECT_EQ(PinnedMemoryLimitValue(half.memory_limit_mib), "0=40779M,1=23034M");
+  EXPECT_EQ(ParseGpuSharingMode("mps"), GpuSharingMode::kMps);
+  EXPECT_EQ(ParseGpuSharingMode("MPS"), std::nullopt);
 }
 
 TEST(AgentQuantities, Parse) {

@@ -255,13 +255,46 @@ def test_slow_and_greedy_clients_cannot_lock_others_out(gpufleet):
                         re.M), "429s are counted in gpufleet_api_requests_total")
 
 
+def test_gpu_shares_carry_their_limits_to_the_workload(gpufleet):
+    """Two half-GPU jobs through the real server and agent land on one simulated GPU; each
+    workload gets its MPS limits in its environment, the agent records them (its API, /metrics)
+    and says they are recorded, not enforced, on simulated GPUs."""
+    with Cluster(gpufleet, "shares") as cluster:
+        cluster.start_server()
+        agent = cluster.start_agent("node-s", gpus="1xH100-80GB")
+        check("GPU shares recorded" in agent.output, f"startup line: {agent.output}")
+        say = ("echo $CUDA_MPS_ACTIVE_THREAD_PERCENTAGE $CUDA_MPS_PINNED_DEVICE_MEM_LIMIT "
+               "$GPUFLEET_GPU_SHARING; sleep 30")
+        jobs = [cluster.submit({"command": ["sh", "-c", say], "gpus": 0.5}) for _ in range(2)]
+        for job in jobs:
+            cluster.wait_state(job["id"], "running")
+        for job in jobs:
+            wait_until(lambda: cluster.logs(job["id"]) == "50 0=40779M recorded\n", 10,
+                       f"job {job['id']}'s limits in its environment")
+        with open(os.path.join(agent.data_dir, "api-key")) as file:
+            key = file.read().strip()
+        status, text = http("GET", agent.url + "/v1/workloads", token=key)
+        shares = [workload.get("gpu_share") for workload in json.loads(text)["workloads"]]
+        check(status == 200 and len(shares) == 2 and all(
+            share == {"milli": 500, "sharing": "recorded", "compute_percent": 50,
+                      "memory_limit_mib": [40779]} for share in shares), f"workloads: {text}")
+        status, health = http("GET", agent.url + "/healthz")
+        check(json.loads(health)["gpu_sharing"] == "recorded", f"/healthz: {health}")
+        wait_until(lambda: len(re.findall(
+            r'^gpufleet_gpu_share_limit\{[^}]*limit="compute_percent",sharing="recorded"\} 50$',
+            http("GET", agent.url + "/metrics")[1], re.M)) == 2, 10, "both shares in /metrics")
+        for job in jobs:
+            cluster.cli("cancel", str(job["id"]))
+
+
 def new_id_of(cluster, secret):
     return api(cluster.url, secret, "GET", "/api/v1/whoami")[1]["id"]
 
 
 TESTS = [test_agent_api_needs_the_control_planes_key, test_standalone_agent_is_loopback_only,
          test_tokens_forged_expired_revoked_rotated_and_scoped,
-         test_slow_and_greedy_clients_cannot_lock_others_out]
+         test_slow_and_greedy_clients_cannot_lock_others_out,
+         test_gpu_shares_carry_their_limits_to_the_workload]
 
 if __name__ == "__main__":
     wanted = sys.argv[2:]
