@@ -18,6 +18,8 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <grp.h>
+#include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -129,6 +131,28 @@ double SimUtilizationOf(const std::map<std::string, std::string>& env) {
   return percent / 100.0;
 }
 
+// The user's uid, primary gid and supplementary groups; nothing when there is no such user.
+std::optional<WorkloadUser> LookUpUser(const std::string& name) {
+  std::vector<char> buffer(16384);
+  passwd entry{};
+  passwd* found = nullptr;
+  if (::getpwnam_r(name.c_str(), &entry, buffer.data(), buffer.size(), &found) != 0 || !found)
+    return std::nullopt;
+  WorkloadUser user;
+  user.uid = found->pw_uid;
+  user.gid = found->pw_gid;
+  user.name = name;
+  int count = 64;
+  std::vector<gid_t> groups(static_cast<size_t>(count));
+  if (::getgrouplist(name.c_str(), found->pw_gid, groups.data(), &count) < 0) {
+    groups.resize(static_cast<size_t>(count));
+    ::getgrouplist(name.c_str(), found->pw_gid, groups.data(), &count);
+  }
+  groups.resize(static_cast<size_t>(std::max(count, 0)));
+  user.groups.assign(groups.begin(), groups.end());
+  return user;
+}
+
 }  // namespace
 
 void LogToStderr(const std::string& message) {
@@ -163,7 +187,11 @@ struct AgentCore::State {
   std::unique_ptr<GpuBackend> backend;
   SimGpuBackend* sim = nullptr;                        // the backend, when simulated
   GpuSharingMode sharing = GpuSharingMode::kAdvisory;  // resolved at Open
-  std::unique_ptr<MpsDaemon> mps;                      // when sharing is kMps
+  // Whom workloads run as (AgentOptions.workload_user, resolved at Open).
+  enum class RunAs { kAgent, kPerJob, kUser } run_as = RunAs::kAgent;
+  WorkloadUser named_user;  // kUser
+  std::optional<WorkloadUser> RunAsFor(const LaunchRequest& request) const;
+  std::unique_ptr<MpsDaemon> mps;  // when sharing is kMps
   // Sets a shared workload's limits and what it must be told (its environment); with MPS, starts
   // the node's daemon first. Takes no lock: starting the daemon takes a while.
   std::optional<std::string> HoldToShare(MilliGpu share, const std::vector<size_t>& positions,
@@ -540,6 +568,21 @@ AgentResult<std::unique_ptr<AgentCore>> AgentCore::Open(AgentOptions options) {
   state->data_dir = data_dir.lexically_normal().string();
   if (state->data_dir.size() > 1 && state->data_dir.back() == '/') state->data_dir.pop_back();
 
+  if (options.workload_user == "per-job") {
+    state->run_as = State::RunAs::kPerJob;
+  } else if (!options.workload_user.empty() && options.workload_user != "agent") {
+    auto user = LookUpUser(options.workload_user);
+    if (!user) return bad(fmt::format("--workload-user '{}': no such user", options.workload_user));
+    state->run_as = State::RunAs::kUser;
+    state->named_user = std::move(*user);
+  }
+  if (state->run_as != State::RunAs::kAgent && ::geteuid() != 0 &&
+      !(state->run_as == State::RunAs::kUser && state->named_user.uid == ::geteuid()))
+    return bad(
+        fmt::format("--workload-user '{}' needs the agent to run as root (it runs as uid "
+                    "{})",
+                    options.workload_user, ::geteuid()));
+
   // Shares are enforced where they can be, and the node says which (never silently advisory).
   state->sharing = options.gpu_sharing;
   if (state->sharing == GpuSharingMode::kAuto) {
@@ -651,6 +694,32 @@ std::string_view AgentCore::backend_name() const {
 
 GpuSharingMode AgentCore::gpu_sharing() const {
   return state_->sharing;
+}
+
+std::string AgentCore::DescribeWorkloadUser() const {
+  switch (state_->run_as) {
+    case State::RunAs::kPerJob:
+      return fmt::format("per-job users (uid {} + job id)", kPerJobUidBase);
+    case State::RunAs::kUser:
+      return fmt::format("user {} (uid {})", state_->named_user.name, state_->named_user.uid);
+    case State::RunAs::kAgent:
+      break;
+  }
+  return fmt::format("the agent's user (uid {}{})", ::geteuid(), ::geteuid() == 0 ? ", root" : "");
+}
+
+std::optional<WorkloadUser> AgentCore::State::RunAsFor(const LaunchRequest& request) const {
+  if (run_as == RunAs::kAgent) return std::nullopt;
+  if (run_as == RunAs::kUser) return named_user;
+  // A job keeps its uid across attempts and nodes (its checkpoints stay its own); a workload
+  // without a job (agent run, the local API) gets one from its id.
+  const uint64_t key = request.job_id != 0 ? static_cast<uint64_t>(request.job_id)
+                                           : std::hash<std::string>{}(request.id);
+  WorkloadUser user;
+  user.uid = user.gid = kPerJobUidBase + static_cast<uint32_t>(key % kPerJobUids);
+  user.name = request.job_id != 0 ? fmt::format("uid {} (job {})", user.uid, request.job_id)
+                                  : fmt::format("uid {} (workload {})", user.uid, request.id);
+  return user;
 }
 std::string AgentCore::driver_version() const {
   return state_->driver_version;
@@ -855,6 +924,22 @@ AgentResult<WorkloadView> AgentCore::Launch(const LaunchRequest& request) {
       state.active.erase(id);
       state.PublishCountsLocked();
       return AgentError{AgentErrorKind::kInternal, *error};
+    }
+  }
+  spec.run_as = state.RunAsFor(request);
+  if (spec.run_as) {
+    // The job's checkpoint directory is its own: the same uid on every attempt, closed to others.
+    auto checkpoint = spec.env.find("GPUFLEET_CHECKPOINT_DIR");
+    if (checkpoint != spec.env.end() &&
+        (::chown(checkpoint->second.c_str(), spec.run_as->uid, spec.run_as->gid) != 0 ||
+         ::chmod(checkpoint->second.c_str(), 0700) != 0)) {
+      const std::string error =
+          fmt::format("give the checkpoint directory {} to {}: {}", checkpoint->second,
+                      spec.run_as->name, std::strerror(errno));
+      std::lock_guard lock(state.mutex);
+      state.active.erase(id);
+      state.PublishCountsLocked();
+      return AgentError{AgentErrorKind::kInternal, error};
     }
   }
   spec.cpu_milli = request.cpu_milli;

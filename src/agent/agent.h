@@ -29,6 +29,9 @@ namespace gpufleet::agent {
 
 inline constexpr std::string_view kDefaultAgentDataDir = ".gpufleet/agent";
 
+inline constexpr uint32_t kPerJobUidBase = 200000;
+inline constexpr uint32_t kPerJobUids = 65536;
+
 struct AgentOptions {
   std::string data_dir = std::string(kDefaultAgentDataDir);
   // Simulated GPUs: a --sim-gpus spec ("8xH100-80GB", or a profile path ending in .yaml/.yml) or
@@ -46,6 +49,10 @@ struct AgentOptions {
   // program for GpuSharingMode::kMps.
   GpuSharingMode gpu_sharing = GpuSharingMode::kAuto;
   std::string mps_control = "nvidia-cuda-mps-control";
+  // Whom workloads run as: "agent" (or empty): the agent's own user; "per-job": a uid of their
+  // own per job (kPerJobUidBase + job id mod kPerJobUids, gid the same), so jobs cannot read one
+  // another's files; or a user name. Anything but the agent's own user needs a root agent.
+  std::string workload_user;
   GpuHealthConfig health;
   uint64_t sim_seed = 1;
   // How each workload's stdout and stderr are rotated (tests use small files).
@@ -155,6 +162,8 @@ class AgentCore {
   std::string_view backend_name() const;
   // How GPU shares are held on this node, as resolved at Open: never kAuto.
   GpuSharingMode gpu_sharing() const;
+  // "the agent's user (root)", "per-job users (uid 200000 + job id)", "user nobody (uid 65534)".
+  std::string DescribeWorkloadUser() const;
   std::string driver_version() const;
   const std::string& hostname() const;
   const std::string& data_dir() const;  // absolute

@@ -196,6 +196,9 @@ Json WorkloadToJson(const WorkloadView& view) {
                          {"sharing", spec.gpu_sharing},
                          {"compute_percent", spec.gpu_compute_percent},
                          {"memory_limit_mib", spec.gpu_memory_limit_mib}};
+  if (spec.run_as)
+    json["run_as"] = {
+        {"uid", spec.run_as->uid}, {"gid", spec.run_as->gid}, {"name", spec.run_as->name}};
   json["cpu_milli"] = spec.cpu_milli;
   json["memory_mib"] = spec.memory_mib;
   json["grace_ms"] = spec.grace_period;
@@ -238,6 +241,7 @@ net::HttpResponse HandleHealth(const AgentCore& core, const AgentApiOptions& opt
   Json json;
   json["status"] = sampling ? "ok" : "sampling stalled";
   json["gpu_sharing"] = GpuSharingModeName(core.gpu_sharing());
+  json["workload_user"] = core.DescribeWorkloadUser();
   json["version"] = kVersion;
   json["hostname"] = snapshot.hostname;
   json["backend"] = snapshot.backend;

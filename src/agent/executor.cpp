@@ -59,9 +59,13 @@ std::string JoinInts(const std::vector<int32_t>& values) {
   return fmt::format("{}", fmt::join(values, ","));
 }
 
-std::vector<std::string> BuildEnvironment(const WorkloadSpec& spec) {
+std::vector<std::string> BuildEnvironment(const WorkloadSpec& spec, const std::string& tmp) {
   std::map<std::string, std::string> env = spec.env;
   env.try_emplace("PATH", kDefaultPath);
+  // Its own temporary directory, which other workloads cannot read (tempfile, torch and most
+  // tools honour these), rather than the node's shared /tmp.
+  for (const char* name : {"TMPDIR", "TMP", "TEMP"})
+    env[name] = tmp;
   // Ours win over the user's: they are what confines the workload to its GPUs.
   env["CUDA_VISIBLE_DEVICES"] = JoinInts(spec.gpu_indices);  // "" = no GPU
   // CUDA's default order is fastest-first; PCI order matches NVML's indices.
@@ -466,6 +470,8 @@ ExecutorResult<std::unique_ptr<Executor>> Executor::Open(ExecutorConfig config) 
   config.data_dir = data_dir.lexically_normal().string();
   state->workloads_dir = (data_dir / "workloads").lexically_normal().string();
   fs::create_directories(state->workloads_dir, error);
+  // Passable, not listable: a workload running as another user reaches its own directory only.
+  if (!error) ::chmod(state->workloads_dir.c_str(), 0711);
   if (error)
     return ExecutorError{fmt::format("create '{}': {}", state->workloads_dir, error.message())};
 
@@ -580,7 +586,22 @@ ExecutorResult<WorkloadStatus> Executor::Launch(const WorkloadSpec& spec) {
   shim_spec.workdir = spec.workdir.empty() ? paths.default_workdir : spec.workdir;
   if (spec.workdir.empty() && ::mkdir(paths.default_workdir.c_str(), 0755) != 0)
     return abandon(fmt::format("create '{}': {}", paths.default_workdir, ErrnoText(errno)));
-  shim_spec.env = BuildEnvironment(spec);
+  if (::mkdir(paths.tmp.c_str(), 0700) != 0)
+    return abandon(fmt::format("create '{}': {}", paths.tmp, ErrnoText(errno)));
+  if (spec.run_as) {
+    // Another user may pass through the workload's directory to what is its own (its workdir
+    // and TMPDIR), but not list it or read the logs and state the shim writes there.
+    if (::chmod(paths.dir.c_str(), 0711) != 0)
+      return abandon(fmt::format("chmod '{}': {}", paths.dir, ErrnoText(errno)));
+    std::vector<std::string> owned = {paths.tmp};
+    if (spec.workdir.empty()) owned.push_back(paths.default_workdir);
+    for (const std::string& dir : owned)
+      if (::chown(dir.c_str(), spec.run_as->uid, spec.run_as->gid) != 0 ||
+          ::chmod(dir.c_str(), 0700) != 0)
+        return abandon(
+            fmt::format("give '{}' to {}: {}", dir, spec.run_as->name, ErrnoText(errno)));
+  }
+  shim_spec.env = BuildEnvironment(spec, paths.tmp);
   const bool wants_limits = spec.cpu_milli > 0 || spec.memory_mib > 0;
   if (state.cgroups.version() != CgroupVersion::kNone) {
     WorkloadCgroup cgroup;

@@ -23,6 +23,7 @@ WorkloadPaths WorkloadPaths::For(const std::string& workload_dir) {
   paths.stderr_log = workload_dir + "/stderr.log";
   paths.shim_log = workload_dir + "/shim.log";
   paths.default_workdir = workload_dir + "/work";
+  paths.tmp = workload_dir + "/tmp";
   return paths;
 }
 
@@ -46,7 +47,12 @@ json WorkloadToJson(const WorkloadSpec& spec) {
               {"grace_period_ms", spec.grace_period},
               {"max_runtime_ms", spec.max_runtime},
               {"log_rotate_bytes", spec.logs.rotate_bytes},
-              {"log_keep_files", spec.logs.keep_files}};
+              {"log_keep_files", spec.logs.keep_files},
+              {"run_as", spec.run_as ? json{{"uid", spec.run_as->uid},
+                                            {"gid", spec.run_as->gid},
+                                            {"groups", spec.run_as->groups},
+                                            {"name", spec.run_as->name}}
+                                     : json(nullptr)}};
 }
 
 void WorkloadFromJson(const json& object, WorkloadSpec& spec) {
@@ -70,6 +76,15 @@ void WorkloadFromJson(const json& object, WorkloadSpec& spec) {
   object.at("max_runtime_ms").get_to(spec.max_runtime);
   object.at("log_rotate_bytes").get_to(spec.logs.rotate_bytes);
   object.at("log_keep_files").get_to(spec.logs.keep_files);
+  // Absent in specs written before workloads could run as another user.
+  if (auto run_as = object.find("run_as"); run_as != object.end() && run_as->is_object()) {
+    WorkloadUser user;
+    run_as->at("uid").get_to(user.uid);
+    run_as->at("gid").get_to(user.gid);
+    run_as->at("groups").get_to(user.groups);
+    run_as->at("name").get_to(user.name);
+    spec.run_as = std::move(user);
+  }
 }
 
 template <typename T>

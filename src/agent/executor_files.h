@@ -32,6 +32,7 @@ struct WorkloadPaths {
   std::string stderr_log;
   std::string shim_log;
   std::string default_workdir;
+  std::string tmp;  // the workload's private TMPDIR
 
   static WorkloadPaths For(const std::string& workload_dir);
 };

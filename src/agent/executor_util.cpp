@@ -129,7 +129,8 @@ std::optional<std::string> WriteFileAtomically(const std::string& path, std::str
   // Unique per process and call: concurrent executor threads may write the same file.
   static std::atomic<uint64_t> counter{0};
   std::string temp = fmt::format("{}.tmp.{}.{}", path, ::getpid(), counter++);
-  int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // A workload's spec holds its environment (tokens, often): the agent's alone.
+  int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return fmt::format("create '{}': {}", temp, ErrnoText(errno));
   if (!WriteAll(fd, content) || ::fsync(fd) != 0) {
     int err = errno;

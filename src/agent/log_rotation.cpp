@@ -74,7 +74,8 @@ std::string RotatingLogFile::OffsetRecordPath(const std::string& path) {
 
 std::optional<std::string> RotatingLogFile::Open() {
   if (fd_ >= 0) return std::nullopt;
-  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  // The agent's to read (and serve to those allowed), not other users' on the node.
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   if (fd_ < 0) return fmt::format("open log '{}': {}", path_, ErrorText(errno));
   struct stat info {};
   size_ = ::fstat(fd_, &info) == 0 ? info.st_size : 0;

@@ -14,6 +14,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <grp.h>
 #include <poll.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -50,6 +51,7 @@ enum ChildStage : int32_t {
   kStageStdio = 2,
   kStageChdir = 3,
   kStageExec = 4,
+  kStageUser = 5,
 };
 struct ChildFailure {
   int32_t stage = 0;
@@ -250,6 +252,10 @@ bool Shim::Start() {
   envp.push_back(nullptr);
   const char* workdir = spec_.workdir.c_str();
   const char* exec_path = executable->c_str();
+  const std::optional<WorkloadUser>& run_as = workload.run_as;
+  const std::vector<gid_t> groups =
+      run_as ? std::vector<gid_t>(run_as->groups.begin(), run_as->groups.end())
+             : std::vector<gid_t>();
 
   std::vector<int> cgroup_fds;
   auto close_cgroup_fds = [&] {
@@ -305,6 +311,12 @@ bool Shim::Start() {
     if (::dup2(null_fd, STDIN_FILENO) < 0 || ::dup2(out_pipe[1], STDOUT_FILENO) < 0 ||
         ::dup2(err_pipe[1], STDERR_FILENO) < 0)
       ChildFail(report, kStageStdio, errno);
+    // Groups, then gid, then uid: after setuid nothing else could be dropped. No new privileges
+    // from then on: a setuid binary (sudo) does not make the workload root again.
+    if (run_as && (::setgroups(groups.size(), groups.data()) != 0 || ::setgid(run_as->gid) != 0 ||
+                   ::setuid(run_as->uid) != 0 || ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0))
+      ChildFail(report, kStageUser, errno);
+    // As that user: a workdir it may not enter is a start failure, not a way around it.
     if (::chdir(workdir) != 0) ChildFail(report, kStageChdir, errno);
     // Ignored dispositions and the blocked mask would survive exec.
     ::sigaction(SIGPIPE, &default_action, nullptr);
@@ -350,6 +362,10 @@ bool Shim::Start() {
         break;
       case kStageChdir:
         what = fmt::format("chdir to workdir '{}'", spec_.workdir);
+        if (run_as) what += " as " + run_as->name;
+        break;
+      case kStageUser:
+        what = fmt::format("run as {} (uid {}, gid {})", run_as->name, run_as->uid, run_as->gid);
         break;
       default:
         what = workload.argv[0] == *executable

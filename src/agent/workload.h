@@ -18,6 +18,14 @@ namespace gpufleet::agent {
 inline constexpr TimeMs kDefaultGracePeriodMs = 30 * kMsPerSecond;
 
 // One process tree on this machine: usually one task of a job.
+// The Unix identity a workload runs as, when not the agent's own.
+struct WorkloadUser {
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+  std::vector<uint32_t> groups;  // supplementary; empty: none
+  std::string name;              // for people: "nobody", "uid 200042 (job 42)"
+};
+
 struct WorkloadSpec {
   // Unique on this agent and used as a directory and cgroup name: [A-Za-z0-9_.-], 1..128
   // characters, not starting with '.'.
@@ -44,6 +52,10 @@ struct WorkloadSpec {
   TimeMs grace_period = kDefaultGracePeriodMs;  // SIGTERM -> SIGKILL on cancel and timeout
   TimeMs max_runtime = 0;  // from start to SIGTERM (then the grace period); 0 = unlimited
   LogLimits logs;
+  // Set: the workload runs as this user, with no new privileges (setuid binaries do not raise
+  // them), its default workdir and private TMPDIR owned by it and closed to others. Unset: as
+  // the agent.
+  std::optional<WorkloadUser> run_as;
 };
 
 // Returns why the spec cannot be run, or nothing.

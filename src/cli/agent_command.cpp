@@ -64,6 +64,12 @@ void AddBackendOptions(CLI::App& command, AgentArgs& args) {
                   "when the MPS control program is found; recorded on simulated GPUs)")
       ->capture_default_str();
   command
+      .add_option("--workload-user", args.workload_user,
+                  "Whom workloads run as: per-job (a uid of their own per job, so jobs cannot "
+                  "read each other's files), a user name, agent (the agent's own user: root "
+                  "when it is root), auto (per-job for a root agent, else agent)")
+      ->capture_default_str();
+  command
       .add_option("--mps-control", args.mps_control,
                   "The CUDA MPS control program (looked up in PATH without a '/')")
       ->capture_default_str();
@@ -108,6 +114,8 @@ std::optional<agent::AgentOptions> CoreOptions(const AgentArgs& args) {
   }
   options.gpu_sharing = *sharing;
   options.mps_control = args.mps_control;
+  options.workload_user =
+      args.workload_user == "auto" ? (::geteuid() == 0 ? "per-job" : "agent") : args.workload_user;
   return options;
 }
 
@@ -267,11 +275,11 @@ int RunDaemon(const AgentArgs& args) {
   // One line that says what this agent is; scripts read the address from it.
   fmt::print(
       "gpufleet agent {}: backend {}, {}, listening on {}://{}, data dir {}, sampling "
-      "every {}, {}, GPU shares {}\n",
+      "every {}, {}, GPU shares {}, workloads run as {}\n",
       kVersion, BackendDescription(*core), core->DescribeGpus(),
       args.tls_cert.empty() ? "http" : "https", server->address(), core->data_dir(),
       FormatInterval(core->sample_interval_ms()), mode,
-      agent::GpuSharingModeName(core->gpu_sharing()));
+      agent::GpuSharingModeName(core->gpu_sharing()), core->DescribeWorkloadUser());
   for (const std::string& note : core->startup_notes())
     fmt::print("  {}\n", note);
   if (loop && IsLoopback(loop_options.address)) {
@@ -357,7 +365,9 @@ class LogFollower {
 int RunLocal(const AgentArgs& args) {
   auto options = CoreOptions(args);
   if (!options) return kExitUsage;
-  options->start_sampler = false;            // nothing here reads telemetry
+  options->start_sampler = false;  // nothing here reads telemetry
+  // One command run by hand, like `sudo cmd`: as the caller unless asked otherwise.
+  if (args.workload_user == "auto") options->workload_user = "agent";
   options->log = [](const std::string&) {};  // the workload's output is what is shown
   if (args.command.empty()) {
     fmt::print(stderr, "error: no command: gpufleet agent run [flags] -- COMMAND ARGS...\n");

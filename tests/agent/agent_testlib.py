@@ -79,7 +79,10 @@ class Agent:
     def __init__(self, gpufleet, data_dir, log_path, extra_args=()):
         self.args = [gpufleet, "agent", "--standalone", "--sim-gpus", "8xH100-80GB",
                      "--hostname", "e2e-node", "--listen", "127.0.0.1:0",
-                     "--data-dir", data_dir, *extra_args]
+                     "--data-dir", data_dir,
+                     # Workloads write into root's 0700 temp dirs: as the agent's own user.
+                     *([] if "--workload-user" in extra_args else ["--workload-user", "agent"]),
+                     *extra_args]
         self.log = open(log_path, "ab")
         self.process = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=self.log,
                                         preexec_fn=die_with_parent)

@@ -162,6 +162,10 @@ class Cluster:
         agent = Process([self.gpufleet, "agent", "--server", self.url, "--token-file", token_file,
                          "--sim-gpus", gpus, "--hostname", name, "--listen", f"{address}:0",
                          "--address", address, "--data-dir", data_dir,
+                         # The tests' files live in root's 0700 temp dirs: workloads run as the
+                         # agent's user unless a test asks for another (extra_args win).
+                         *([] if "--workload-user" in extra_args else
+                           ["--workload-user", "agent"]),
                          *(["--ca-file", self.ca_file, "--tls-cert", self.ca_file,
                             "--tls-key", self.tls_key] if self.ca_file else []), *extra_args],
                         os.path.join(self.root, f"agent-{name}.log"), f"agent {name}")

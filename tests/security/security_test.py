@@ -287,6 +287,51 @@ def test_gpu_shares_carry_their_limits_to_the_workload(gpufleet):
             cluster.cli("cancel", str(job["id"]))
 
 
+def test_workloads_run_as_their_own_users(gpufleet):
+    """A root agent (the default, --workload-user auto) runs each job as a uid of its own with no
+    new privileges and a private TMPDIR; another job can read neither its checkpoint directory,
+    nor its TMPDIR, nor its logs, nor list the agent's workloads, nor write to the data dir."""
+    with Cluster(gpufleet, "users") as cluster:
+        os.chmod(cluster.root, 0o711)  # passable by others, as /var/lib is
+        cluster.start_server()
+        agent = cluster.start_agent("node-u", extra_args=["--workload-user", "auto"])
+        check("workloads run as per-job users" in agent.output, f"startup: {agent.output}")
+        owner = cluster.submit({"command": ["sh", "-c",
+                                            "id -u; id -g; grep NoNewPrivs /proc/self/status; "
+                                            "echo secret > $GPUFLEET_CHECKPOINT_DIR/secret; "
+                                            "echo secret > $TMPDIR/scratch; echo $TMPDIR; "
+                                            "sleep 30"], "gpus": 1})
+        lines = wait_until(lambda: (lambda text: text.split("\n") if text.count("\n") >= 4
+                                    else None)(cluster.logs(owner["id"])), 15, "the owner's lines")
+        uid = 200000 + owner["id"]
+        check(lines[0] == str(uid) and lines[1] == str(uid), f"uid/gid: {lines}")
+        check(re.fullmatch(r"NoNewPrivs:\s+1", lines[2]), f"no_new_privs: {lines[2]}")
+        tmpdir = lines[3]
+        workload_dir = os.path.dirname(tmpdir)
+        checkpoint = os.path.join(agent.data_dir, "checkpoints", f"job-{owner['id']}")
+        check(os.stat(checkpoint).st_uid == uid and
+              stat.S_IMODE(os.stat(checkpoint).st_mode) == 0o700, f"{checkpoint} not its own")
+        probes = [f"cat {checkpoint}/secret", f"cat {tmpdir}/scratch",
+                  f"cat {workload_dir}/stdout.log", f"cat {workload_dir}/spec.json",
+                  f"ls {os.path.dirname(workload_dir)}", f"touch {agent.data_dir}/planted"]
+        script = "; ".join(f"{probe} >/dev/null 2>&1 && echo 'GOT {probe}' || echo refused"
+                           for probe in probes)
+        intruder = cluster.submit({"command": ["sh", "-c", script], "gpus": 1})
+        cluster.wait_state(intruder["id"], "succeeded")
+        said = wait_until(lambda: (lambda text: text if text.count("\n") >= len(probes)
+                                   else None)(cluster.logs(intruder["id"])), 10, "all probes")
+        check(said == "refused\n" * len(probes), f"another job got through: {said}")
+        check(not os.path.exists(os.path.join(agent.data_dir, "planted")), "planted a file")
+        with open(os.path.join(agent.data_dir, "api-key")) as file:
+            key = file.read().strip()
+        status, text = http("GET", agent.url + "/v1/workloads", token=key)
+        shown = {workload["job_id"]: workload.get("run_as")
+                 for workload in json.loads(text)["workloads"]}
+        check(shown[owner["id"]] == {"uid": uid, "gid": uid,
+                                     "name": f"uid {uid} (job {owner['id']})"}, f"{shown}")
+        cluster.cli("cancel", str(owner["id"]))
+
+
 def new_id_of(cluster, secret):
     return api(cluster.url, secret, "GET", "/api/v1/whoami")[1]["id"]
 
@@ -294,7 +339,8 @@ def new_id_of(cluster, secret):
 TESTS = [test_agent_api_needs_the_control_planes_key, test_standalone_agent_is_loopback_only,
          test_tokens_forged_expired_revoked_rotated_and_scoped,
          test_slow_and_greedy_clients_cannot_lock_others_out,
-         test_gpu_shares_carry_their_limits_to_the_workload]
+         test_gpu_shares_carry_their_limits_to_the_workload,
+         test_workloads_run_as_their_own_users]
 
 if __name__ == "__main__":
     wanted = sys.argv[2:]
