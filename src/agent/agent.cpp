@@ -191,6 +191,10 @@ struct AgentCore::State {
   enum class RunAs { kAgent, kPerJob, kUser } run_as = RunAs::kAgent;
   WorkloadUser named_user;  // kUser
   std::optional<WorkloadUser> RunAsFor(const LaunchRequest& request) const;
+  bool mount_namespaces = false;  // AgentOptions.workload_isolation, resolved at Open
+  // What a workload on `positions` may not open: every other GPU's device files.
+  WorkloadIsolation IsolationFor(const std::vector<size_t>& positions,
+                                 const std::map<std::string, std::string>& env) const;
   std::unique_ptr<MpsDaemon> mps;  // when sharing is kMps
   // Sets a shared workload's limits and what it must be told (its environment); with MPS, starts
   // the node's daemon first. Takes no lock: starting the daemon takes a while.
@@ -583,6 +587,33 @@ AgentResult<std::unique_ptr<AgentCore>> AgentCore::Open(AgentOptions options) {
                     "{})",
                     options.workload_user, ::geteuid()));
 
+  switch (options.workload_isolation) {
+    case WorkloadIsolationMode::kNamespace:
+      if (::geteuid() != 0)
+        return bad(fmt::format(
+            "--workload-isolation namespace needs the agent to run as root (it runs as uid {})",
+            ::geteuid()));
+      state->mount_namespaces = true;
+      break;
+    case WorkloadIsolationMode::kAuto:
+      state->mount_namespaces = ::geteuid() == 0;
+      break;
+    case WorkloadIsolationMode::kNone:
+      break;
+  }
+  if (!state->mount_namespaces && !state->sim && !state->inventory.gpus.empty())
+    state->startup_notes.push_back(
+        "workloads share the node's /tmp and see every GPU's device file (no mount namespaces: "
+        "the agent is not root or --workload-isolation none); CUDA_VISIBLE_DEVICES alone keeps "
+        "them to their GPUs");
+  if (state->mount_namespaces)
+    for (const GpuInfo& gpu : state->inventory.gpus)
+      if (!state->sim && gpu.device_file.empty())
+        state->startup_notes.push_back(fmt::format(
+            "GPU {}: its device file is unknown (no minor number from NVML): it cannot be "
+            "hidden from workloads on other GPUs",
+            gpu.index));
+
   // Shares are enforced where they can be, and the node says which (never silently advisory).
   state->sharing = options.gpu_sharing;
   if (state->sharing == GpuSharingMode::kAuto) {
@@ -696,6 +727,25 @@ GpuSharingMode AgentCore::gpu_sharing() const {
   return state_->sharing;
 }
 
+std::optional<WorkloadIsolationMode> ParseWorkloadIsolationMode(std::string_view name) {
+  if (name == "auto") return WorkloadIsolationMode::kAuto;
+  if (name == "namespace") return WorkloadIsolationMode::kNamespace;
+  if (name == "none") return WorkloadIsolationMode::kNone;
+  return std::nullopt;
+}
+
+std::string AgentCore::DescribeWorkloadIsolation() const {
+  if (!state_->mount_namespaces) return "none (shared /tmp, every GPU device file visible)";
+  return state_->sim ? "mount namespace (private /tmp, /var/tmp, /dev/shm; simulated GPUs have no "
+                       "device files to hide)"
+                     : "mount namespace (private /tmp, /var/tmp, /dev/shm; other GPUs' device "
+                       "files hidden)";
+}
+
+bool AgentCore::mount_namespaces() const {
+  return state_->mount_namespaces;
+}
+
 std::string AgentCore::DescribeWorkloadUser() const {
   switch (state_->run_as) {
     case State::RunAs::kPerJob:
@@ -706,6 +756,27 @@ std::string AgentCore::DescribeWorkloadUser() const {
       break;
   }
   return fmt::format("the agent's user (uid {}{})", ::geteuid(), ::geteuid() == 0 ? ", root" : "");
+}
+
+WorkloadIsolation AgentCore::State::IsolationFor(
+    const std::vector<size_t>& positions, const std::map<std::string, std::string>& env) const {
+  WorkloadIsolation isolation;
+  if (!mount_namespaces) return isolation;
+  isolation.mount_namespace = true;
+  std::set<std::string> own;
+  for (size_t position : positions)
+    own.insert(inventory.gpus[position].device_file);
+  std::set<std::string> hidden;
+  for (const GpuInfo& gpu : inventory.gpus)
+    if (!gpu.device_file.empty() && !own.count(gpu.device_file)) hidden.insert(gpu.device_file);
+  isolation.hidden_devices.assign(hidden.begin(), hidden.end());
+  // Directories we hand the workload by name, which must stay where they are named.
+  for (const char* name :
+       {"GPUFLEET_CHECKPOINT_DIR", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"})
+    if (auto entry = env.find(name);
+        entry != env.end() && !entry->second.empty() && entry->second[0] == '/')
+      isolation.keep_visible.push_back(entry->second);
+  return isolation;
 }
 
 std::optional<WorkloadUser> AgentCore::State::RunAsFor(const LaunchRequest& request) const {
@@ -942,6 +1013,7 @@ AgentResult<WorkloadView> AgentCore::Launch(const LaunchRequest& request) {
       return AgentError{AgentErrorKind::kInternal, error};
     }
   }
+  spec.isolation = state.IsolationFor(positions, spec.env);
   spec.cpu_milli = request.cpu_milli;
   spec.memory_mib = request.memory_mib;
   spec.grace_period = request.grace_period_ms;

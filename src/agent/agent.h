@@ -32,6 +32,11 @@ inline constexpr std::string_view kDefaultAgentDataDir = ".gpufleet/agent";
 inline constexpr uint32_t kPerJobUidBase = 200000;
 inline constexpr uint32_t kPerJobUids = 65536;
 
+// Whether workloads get a mount namespace of their own (WorkloadIsolation): other GPUs' device
+// files hidden, a private /tmp, /var/tmp and /dev/shm. kAuto: when the agent is root.
+enum class WorkloadIsolationMode { kAuto, kNamespace, kNone };
+std::optional<WorkloadIsolationMode> ParseWorkloadIsolationMode(std::string_view name);
+
 struct AgentOptions {
   std::string data_dir = std::string(kDefaultAgentDataDir);
   // Simulated GPUs: a --sim-gpus spec ("8xH100-80GB", or a profile path ending in .yaml/.yml) or
@@ -53,6 +58,7 @@ struct AgentOptions {
   // own per job (kPerJobUidBase + job id mod kPerJobUids, gid the same), so jobs cannot read one
   // another's files; or a user name. Anything but the agent's own user needs a root agent.
   std::string workload_user;
+  WorkloadIsolationMode workload_isolation = WorkloadIsolationMode::kAuto;
   GpuHealthConfig health;
   uint64_t sim_seed = 1;
   // How each workload's stdout and stderr are rotated (tests use small files).
@@ -164,6 +170,9 @@ class AgentCore {
   GpuSharingMode gpu_sharing() const;
   // "the agent's user (root)", "per-job users (uid 200000 + job id)", "user nobody (uid 65534)".
   std::string DescribeWorkloadUser() const;
+  // "mount namespace (private /tmp, ...)" or "none (...)": AgentOptions.workload_isolation.
+  std::string DescribeWorkloadIsolation() const;
+  bool mount_namespaces() const;
   std::string driver_version() const;
   const std::string& hostname() const;
   const std::string& data_dir() const;  // absolute

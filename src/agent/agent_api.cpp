@@ -199,6 +199,9 @@ Json WorkloadToJson(const WorkloadView& view) {
   if (spec.run_as)
     json["run_as"] = {
         {"uid", spec.run_as->uid}, {"gid", spec.run_as->gid}, {"name", spec.run_as->name}};
+  if (spec.isolation.mount_namespace)
+    json["isolation"] = {{"mount_namespace", true},
+                         {"hidden_devices", spec.isolation.hidden_devices}};
   json["cpu_milli"] = spec.cpu_milli;
   json["memory_mib"] = spec.memory_mib;
   json["grace_ms"] = spec.grace_period;
@@ -242,6 +245,7 @@ net::HttpResponse HandleHealth(const AgentCore& core, const AgentApiOptions& opt
   json["status"] = sampling ? "ok" : "sampling stalled";
   json["gpu_sharing"] = GpuSharingModeName(core.gpu_sharing());
   json["workload_user"] = core.DescribeWorkloadUser();
+  json["workload_isolation"] = core.DescribeWorkloadIsolation();
   json["version"] = kVersion;
   json["hostname"] = snapshot.hostname;
   json["backend"] = snapshot.backend;

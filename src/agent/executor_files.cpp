@@ -52,7 +52,11 @@ json WorkloadToJson(const WorkloadSpec& spec) {
                                             {"gid", spec.run_as->gid},
                                             {"groups", spec.run_as->groups},
                                             {"name", spec.run_as->name}}
-                                     : json(nullptr)}};
+                                     : json(nullptr)},
+              {"isolation",
+               {{"mount_namespace", spec.isolation.mount_namespace},
+                {"hidden_devices", spec.isolation.hidden_devices},
+                {"keep_visible", spec.isolation.keep_visible}}}};
 }
 
 void WorkloadFromJson(const json& object, WorkloadSpec& spec) {
@@ -84,6 +88,13 @@ void WorkloadFromJson(const json& object, WorkloadSpec& spec) {
     run_as->at("groups").get_to(user.groups);
     run_as->at("name").get_to(user.name);
     spec.run_as = std::move(user);
+  }
+  // Absent in specs written before workloads had mount namespaces.
+  if (auto isolation = object.find("isolation");
+      isolation != object.end() && isolation->is_object()) {
+    isolation->at("mount_namespace").get_to(spec.isolation.mount_namespace);
+    isolation->at("hidden_devices").get_to(spec.isolation.hidden_devices);
+    isolation->at("keep_visible").get_to(spec.isolation.keep_visible);
   }
 }
 

@@ -17,6 +17,9 @@ struct GpuInfo {
   std::string product_name;  // as the driver names it: "NVIDIA H100 80GB HBM3"
   std::string model;         // gpufleet's model key that job constraints match: "H100-80GB"
   std::string pci_bus_id;    // "00000000:18:00.0"
+  // What a process opens to use it ("/dev/nvidia3", from NVML's minor number): hidden from
+  // workloads on other GPUs. Empty: unknown, or none (simulated).
+  std::string device_file;
   MiB memory_total_mib = 0;
   // GPUs with the same id are joined by active NVLinks, directly or through an NVSwitch; a GPU
   // without NVLink is alone on its island. Ids are small and dense, numbered from GPU 0 upwards.

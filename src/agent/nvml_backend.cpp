@@ -158,6 +158,7 @@ struct NvmlBackend::State {
   const char* (*error_string)(nvml::Return) = nullptr;
   nvml::Return (*system_get_driver_version)(char*, unsigned int) = nullptr;
   nvml::Return (*device_get_name)(nvml::Device, char*, unsigned int) = nullptr;
+  nvml::Return (*device_get_minor_number)(nvml::Device, unsigned int*) = nullptr;
   nvml::Return (*device_get_pci_info_v3)(nvml::Device, nvml::PciInfo*) = nullptr;
   nvml::Return (*device_get_memory_info_v2)(nvml::Device, nvml::MemoryV2*) = nullptr;
   nvml::Return (*device_get_memory_info)(nvml::Device, nvml::Memory*) = nullptr;
@@ -324,6 +325,10 @@ void NvmlBackend::State::Enumerate() {
       info.product_name = ReadString(device_get_name, device, result);
       if (result != nvml::kSuccess) info.product_name.clear();
     }
+    // The driver names each GPU's device node by its minor number, not its NVML index.
+    if (unsigned int minor = 0; device_get_minor_number != nullptr &&
+                                device_get_minor_number(device, &minor) == nvml::kSuccess)
+      info.device_file = fmt::format("/dev/nvidia{}", minor);
     nvml::PciInfo pci{};
     std::optional<PciKey> address;
     if (device_get_pci_info_v3 != nullptr &&
@@ -472,6 +477,7 @@ NvmlBackend::LoadResult NvmlBackend::Load(const NvmlOptions& options) {
   state->ResolveOptional("nvmlErrorString", state->error_string);
   state->ResolveOptional("nvmlSystemGetDriverVersion", state->system_get_driver_version);
   state->ResolveOptional("nvmlDeviceGetName", state->device_get_name);
+  state->ResolveOptional("nvmlDeviceGetMinorNumber", state->device_get_minor_number);
   state->ResolveOptional("nvmlDeviceGetPciInfo_v3", state->device_get_pci_info_v3);
   state->ResolveOptional("nvmlDeviceGetMemoryInfo_v2", state->device_get_memory_info_v2);
   state->ResolveOptional("nvmlDeviceGetMemoryInfo", state->device_get_memory_info);

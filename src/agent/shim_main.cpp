@@ -16,6 +16,8 @@
 #include <fmt/format.h>
 #include <grp.h>
 #include <poll.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
@@ -52,11 +54,63 @@ enum ChildStage : int32_t {
   kStageChdir = 3,
   kStageExec = 4,
   kStageUser = 5,
+  kStageNamespace = 6,  // unshare or the propagation change
+  kStagePrivateTmp = 7,
+  kStageKeepVisible = 8,  // item: which of MountPlan::visible
+  kStageDevShm = 9,
+  kStageHideDevice = 10,  // item: which of MountPlan::hidden
 };
 struct ChildFailure {
   int32_t stage = 0;
   int32_t err = 0;
+  int32_t item = 0;
 };
+
+// The workload's mount namespace, worked out before fork: the child may only make
+// async-signal-safe calls, so every path it needs is ready.
+struct MountPlan {
+  bool enabled = false;
+  std::string tmp;  // what /tmp and /var/tmp show: the workload's private tmp directory
+  bool has_var_tmp = false;
+  bool has_dev_shm = false;
+  struct Visible {
+    std::string path;                  // as the workload names it: /tmp/run1/data/workloads/w1
+    std::vector<std::string> parents;  // to create in the private /tmp first, outermost first
+  };
+  std::vector<Visible> visible;
+  std::string mask;  // an empty file of mode 0000 bound over each hidden device
+  std::vector<std::string> hidden;
+};
+
+// Async-signal-safe "/proc/self/fd/N": a bind source that stays reachable once /tmp is covered.
+struct FdPath {
+  char text[32];
+  explicit FdPath(int fd) {
+    const char prefix[] = "/proc/self/fd/";
+    size_t length = sizeof prefix - 1;
+    for (size_t i = 0; i < length; ++i)
+      text[i] = prefix[i];
+    char digits[12];
+    size_t count = 0;
+    unsigned value = static_cast<unsigned>(fd);
+    do {
+      digits[count++] = static_cast<char>('0' + value % 10);
+      value /= 10;
+    } while (value != 0);
+    while (count > 0)
+      text[length++] = digits[--count];
+    text[length] = '\0';
+  }
+};
+
+constexpr size_t kMaxVisiblePaths = 16;
+
+bool IsUnderTmp(const std::string& path) {
+  return path.rfind("/tmp/", 0) == 0 || path.rfind("/var/tmp/", 0) == 0;
+}
+
+// Async-signal-safe: the child between fork and exec.
+void ApplyMountPlan(const MountPlan& plan, int report);
 
 template <typename... Args>
 void Log(fmt::format_string<Args...> format, Args&&... args) {
@@ -96,10 +150,47 @@ void NotifyReady(int& ready_fd, std::string_view message) {
 }
 
 // Async-signal-safe: the child between fork and exec.
-[[noreturn]] void ChildFail(int report_fd, int32_t stage, int err) {
-  ChildFailure failure{stage, err};
+[[noreturn]] void ChildFail(int report_fd, int32_t stage, int err, int32_t item = 0) {
+  ChildFailure failure{stage, err, item};
   [[maybe_unused]] ssize_t ignored = ::write(report_fd, &failure, sizeof failure);
   ::_exit(127);
+}
+
+void ApplyMountPlan(const MountPlan& plan, int report) {
+  // A namespace of its own, whose mounts never propagate back to the node (MS_SLAVE: the node's
+  // later mounts still reach it).
+  if (::unshare(CLONE_NEWNS) != 0 ||
+      ::mount(nullptr, "/", nullptr, MS_REC | MS_SLAVE, nullptr) != 0)
+    ChildFail(report, kStageNamespace, errno);
+  // Opened in the new namespace (a bind source must be one of its mounts), before /tmp is
+  // covered: the private tmp directory and the kept paths may lie under it. Closed at exec.
+  const int tmp_fd = ::open(plan.tmp.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (tmp_fd < 0) ChildFail(report, kStagePrivateTmp, errno);
+  int visible_fds[kMaxVisiblePaths];
+  for (size_t i = 0; i < plan.visible.size(); ++i) {
+    visible_fds[i] = ::open(plan.visible[i].path.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (visible_fds[i] < 0) ChildFail(report, kStageKeepVisible, errno, static_cast<int32_t>(i));
+  }
+  const FdPath tmp_source(tmp_fd);
+  if (::mount(tmp_source.text, "/tmp", nullptr, MS_BIND, nullptr) != 0 ||
+      (plan.has_var_tmp && ::mount(tmp_source.text, "/var/tmp", nullptr, MS_BIND, nullptr) != 0))
+    ChildFail(report, kStagePrivateTmp, errno);
+  for (size_t i = 0; i < plan.visible.size(); ++i) {
+    const MountPlan::Visible& entry = plan.visible[i];
+    for (const std::string& parent : entry.parents)
+      if (::mkdir(parent.c_str(), 0755) != 0 && errno != EEXIST)
+        ChildFail(report, kStageKeepVisible, errno, static_cast<int32_t>(i));
+    const FdPath source(visible_fds[i]);
+    if ((::mkdir(entry.path.c_str(), 0755) != 0 && errno != EEXIST) ||
+        ::mount(source.text, entry.path.c_str(), nullptr, MS_BIND | MS_REC, nullptr) != 0)
+      ChildFail(report, kStageKeepVisible, errno, static_cast<int32_t>(i));
+  }
+  if (plan.has_dev_shm &&
+      ::mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777") != 0)
+    ChildFail(report, kStageDevShm, errno);
+  for (size_t i = 0; i < plan.hidden.size(); ++i)
+    if (::mount(plan.mask.c_str(), plan.hidden[i].c_str(), nullptr, MS_BIND, nullptr) != 0)
+      ChildFail(report, kStageHideDevice, errno, static_cast<int32_t>(i));
 }
 
 class Shim {
@@ -122,6 +213,7 @@ class Shim {
   void Finish();
 
   bool FailToStart(const std::string& error);
+  std::optional<std::string> PlanMounts(MountPlan& plan);
   bool WriteFinalStatus();
   void Pump(int& fd, RotatingLogFile& log);
   void HandleSignals();
@@ -257,6 +349,12 @@ bool Shim::Start() {
       run_as ? std::vector<gid_t>(run_as->groups.begin(), run_as->groups.end())
              : std::vector<gid_t>();
 
+  MountPlan mount_plan;
+  if (auto error = PlanMounts(mount_plan)) {
+    FailToStart(*error);
+    return false;
+  }
+
   std::vector<int> cgroup_fds;
   auto close_cgroup_fds = [&] {
     for (int& fd : cgroup_fds)
@@ -311,6 +409,8 @@ bool Shim::Start() {
     if (::dup2(null_fd, STDIN_FILENO) < 0 || ::dup2(out_pipe[1], STDOUT_FILENO) < 0 ||
         ::dup2(err_pipe[1], STDERR_FILENO) < 0)
       ChildFail(report, kStageStdio, errno);
+    // As root still: mounts need CAP_SYS_ADMIN, which the workload's user never has.
+    if (mount_plan.enabled) ApplyMountPlan(mount_plan, report);
     // Groups, then gid, then uid: after setuid nothing else could be dropped. No new privileges
     // from then on: a setuid binary (sudo) does not make the workload root again.
     if (run_as && (::setgroups(groups.size(), groups.data()) != 0 || ::setgid(run_as->gid) != 0 ||
@@ -367,6 +467,26 @@ bool Shim::Start() {
       case kStageUser:
         what = fmt::format("run as {} (uid {}, gid {})", run_as->name, run_as->uid, run_as->gid);
         break;
+      case kStageNamespace:
+        what = "create the workload's mount namespace";
+        break;
+      case kStagePrivateTmp:
+        what = fmt::format("mount its private tmp directory {} on /tmp", mount_plan.tmp);
+        break;
+      case kStageKeepVisible:
+        what = fmt::format("keep {} visible under its private /tmp",
+                           static_cast<size_t>(failure.item) < mount_plan.visible.size()
+                               ? mount_plan.visible[static_cast<size_t>(failure.item)].path
+                               : "a path");
+        break;
+      case kStageDevShm:
+        what = "mount a private /dev/shm";
+        break;
+      case kStageHideDevice:
+        what = fmt::format("hide {}", static_cast<size_t>(failure.item) < mount_plan.hidden.size()
+                                          ? mount_plan.hidden[static_cast<size_t>(failure.item)]
+                                          : "a GPU device");
+        break;
       default:
         what = workload.argv[0] == *executable
                    ? fmt::format("exec '{}'", workload.argv[0])
@@ -391,6 +511,60 @@ bool Shim::Start() {
   // A cancel that arrived before we could be signalled (see Executor::Cancel).
   CheckCancelFile();
   return true;
+}
+
+std::optional<std::string> Shim::PlanMounts(MountPlan& plan) {
+  const WorkloadIsolation& isolation = spec_.workload.isolation;
+  if (!isolation.mount_namespace) return std::nullopt;
+  plan.enabled = true;
+  plan.tmp = paths_.tmp;
+  struct stat info {};
+  plan.has_var_tmp = ::stat("/var/tmp", &info) == 0 && S_ISDIR(info.st_mode);
+  plan.has_dev_shm = ::stat("/dev/shm", &info) == 0 && S_ISDIR(info.st_mode);
+
+  std::vector<std::string> wanted = {spec_.workload_dir, spec_.workdir};
+  wanted.insert(wanted.end(), isolation.keep_visible.begin(), isolation.keep_visible.end());
+  for (const std::string& path : wanted) {
+    if (!IsUnderTmp(path)) continue;  // not covered by the private /tmp
+    if (std::any_of(plan.visible.begin(), plan.visible.end(),
+                    [&](const MountPlan::Visible& entry) { return entry.path == path; }))
+      continue;
+    if (plan.visible.size() == kMaxVisiblePaths) {
+      Log("not kept visible under the private /tmp (more than {} paths): {}", kMaxVisiblePaths,
+          path);
+      continue;
+    }
+    struct stat dir_info {};
+    if (::stat(path.c_str(), &dir_info) != 0 || !S_ISDIR(dir_info.st_mode)) {
+      // Nothing there to keep: the workload would not have found it anyway.
+      Log("not kept visible under the private /tmp: {}: not a directory", path);
+      continue;
+    }
+    MountPlan::Visible entry;
+    entry.path = path;
+    const size_t root_end = path.rfind("/var/tmp/", 0) == 0 ? 8 : 4;
+    for (size_t slash = path.find('/', root_end + 1); slash != std::string::npos;
+         slash = path.find('/', slash + 1))
+      entry.parents.push_back(path.substr(0, slash));
+    plan.visible.push_back(std::move(entry));
+  }
+
+  plan.mask = spec_.workload_dir + "/device-mask";
+  int mask_fd = ::open(plan.mask.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0);
+  if (mask_fd < 0 || ::fchmod(mask_fd, 0) != 0) {
+    int err = errno;
+    if (mask_fd >= 0) ::close(mask_fd);
+    return fmt::format("create the device mask '{}': {}", plan.mask, ErrnoText(err));
+  }
+  ::close(mask_fd);
+  for (const std::string& device : isolation.hidden_devices) {
+    if (::lstat(device.c_str(), &info) != 0) continue;  // absent: nothing to open
+    plan.hidden.push_back(device);
+  }
+  Log("mount namespace: private /tmp{}{}, {} device(s) hidden, {} path(s) kept visible",
+      plan.has_var_tmp ? " and /var/tmp" : "", plan.has_dev_shm ? " and /dev/shm" : "",
+      plan.hidden.size(), plan.visible.size());
+  return std::nullopt;
 }
 
 std::optional<TimeMs> Shim::NextDeadline() const {

@@ -83,6 +83,13 @@ std::optional<std::string> ValidateWorkloadSpec(const WorkloadSpec& spec) {
     return fmt::format("grace period {} ms is negative", spec.grace_period);
   if (spec.max_runtime < 0) return fmt::format("max runtime {} ms is negative", spec.max_runtime);
   if (auto error = ValidateLogLimits(spec.logs)) return "logs: " + *error;
+  for (const auto* paths : {&spec.isolation.hidden_devices, &spec.isolation.keep_visible})
+    for (const std::string& path : *paths)
+      if (path.empty() || path[0] != '/' || HasNul(path) || path.find("/../") != std::string::npos)
+        return fmt::format("isolation path '{}' is not a plain absolute path", path);
+  if (!spec.isolation.mount_namespace &&
+      !(spec.isolation.hidden_devices.empty() && spec.isolation.keep_visible.empty()))
+    return "hidden devices and kept paths need a mount namespace";
   return std::nullopt;
 }
 

@@ -26,6 +26,17 @@ struct WorkloadUser {
   std::string name;              // for people: "nobody", "uid 200042 (job 42)"
 };
 
+// What fences a workload off from the rest of the node beyond its user and cgroup: a mount
+// namespace of its own, which needs the agent to be root (CAP_SYS_ADMIN).
+struct WorkloadIsolation {
+  // The namespace gives it its own /tmp and /var/tmp (its private tmp directory), a fresh
+  // /dev/shm, and covers hidden_devices with an unreadable file. Paths it needs that lie under
+  // /tmp or /var/tmp (its workdir, its directory, keep_visible) are bound back in place.
+  bool mount_namespace = false;
+  std::vector<std::string> hidden_devices;  // other GPUs' device files: /dev/nvidia3
+  std::vector<std::string> keep_visible;    // e.g. the checkpoint and MPS pipe directories
+};
+
 struct WorkloadSpec {
   // Unique on this agent and used as a directory and cgroup name: [A-Za-z0-9_.-], 1..128
   // characters, not starting with '.'.
@@ -56,6 +67,7 @@ struct WorkloadSpec {
   // them), its default workdir and private TMPDIR owned by it and closed to others. Unset: as
   // the agent.
   std::optional<WorkloadUser> run_as;
+  WorkloadIsolation isolation;
 };
 
 // Returns why the spec cannot be run, or nothing.

@@ -70,6 +70,12 @@ void AddBackendOptions(CLI::App& command, AgentArgs& args) {
                   "when it is root), auto (per-job for a root agent, else agent)")
       ->capture_default_str();
   command
+      .add_option("--workload-isolation", args.workload_isolation,
+                  "A mount namespace per workload: namespace (other GPUs' /dev/nvidia* hidden, "
+                  "private /tmp, /var/tmp and /dev/shm; needs root), none, auto (namespace for a "
+                  "root agent)")
+      ->capture_default_str();
+  command
       .add_option("--mps-control", args.mps_control,
                   "The CUDA MPS control program (looked up in PATH without a '/')")
       ->capture_default_str();
@@ -116,6 +122,13 @@ std::optional<agent::AgentOptions> CoreOptions(const AgentArgs& args) {
   options.mps_control = args.mps_control;
   options.workload_user =
       args.workload_user == "auto" ? (::geteuid() == 0 ? "per-job" : "agent") : args.workload_user;
+  auto isolation = agent::ParseWorkloadIsolationMode(args.workload_isolation);
+  if (!isolation) {
+    fmt::print(stderr, "error: --workload-isolation '{}': expected auto, namespace or none\n",
+               args.workload_isolation);
+    return std::nullopt;
+  }
+  options.workload_isolation = *isolation;
   return options;
 }
 
@@ -275,11 +288,12 @@ int RunDaemon(const AgentArgs& args) {
   // One line that says what this agent is; scripts read the address from it.
   fmt::print(
       "gpufleet agent {}: backend {}, {}, listening on {}://{}, data dir {}, sampling "
-      "every {}, {}, GPU shares {}, workloads run as {}\n",
+      "every {}, {}, GPU shares {}, workloads run as {}, workload isolation {}\n",
       kVersion, BackendDescription(*core), core->DescribeGpus(),
       args.tls_cert.empty() ? "http" : "https", server->address(), core->data_dir(),
       FormatInterval(core->sample_interval_ms()), mode,
-      agent::GpuSharingModeName(core->gpu_sharing()), core->DescribeWorkloadUser());
+      agent::GpuSharingModeName(core->gpu_sharing()), core->DescribeWorkloadUser(),
+      core->DescribeWorkloadIsolation());
   for (const std::string& note : core->startup_notes())
     fmt::print("  {}\n", note);
   if (loop && IsLoopback(loop_options.address)) {
@@ -368,6 +382,8 @@ int RunLocal(const AgentArgs& args) {
   options->start_sampler = false;  // nothing here reads telemetry
   // One command run by hand, like `sudo cmd`: as the caller unless asked otherwise.
   if (args.workload_user == "auto") options->workload_user = "agent";
+  if (args.workload_isolation == "auto")
+    options->workload_isolation = agent::WorkloadIsolationMode::kNone;
   options->log = [](const std::string&) {};  // the workload's output is what is shown
   if (args.command.empty()) {
     fmt::print(stderr, "error: no command: gpufleet agent run [flags] -- COMMAND ARGS...\n");

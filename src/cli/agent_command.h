@@ -24,6 +24,7 @@ struct AgentArgs {
   std::string gpu_sharing = "auto";
   std::string mps_control = "nvidia-cuda-mps-control";
   std::string workload_user = "auto";
+  std::string workload_isolation = "auto";
   // The control plane (daemon only): without --server the agent is standalone.
   std::string server;
   std::string token;  // else --token-file, else $GPUFLEET_TOKEN

@@ -177,6 +177,9 @@ int RunDev(const DevArgs& args) {
   agent::AgentOptions agent_options;
   agent_options.data_dir = (dir / "agent").string();
   agent_options.sim_gpus = args.sim_gpus;
+  // The caller's own machine and jobs, run as the caller (like `agent run`): the node's /tmp and
+  // devices stay theirs to share. A production agent (root) gives each workload its own.
+  agent_options.workload_isolation = agent::WorkloadIsolationMode::kNone;
   agent_options.log = log_to("agent");
   std::string simulated_because;
   auto opened = agent::AgentCore::Open(agent_options);

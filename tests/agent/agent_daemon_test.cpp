@@ -87,6 +87,8 @@ class AgentDaemonTest : public ::testing::Test {
     options.start_sampler = false;  // the tests sample with SampleNow(): no timing involved
     options.shim_command = {GPUFLEET_TEST_SHIM};
     options.cgroup_mode = CgroupMode::kNone;  // limits are the executor tests' business
+    // Workloads signal through files under root_, in the node's /tmp.
+    options.workload_isolation = WorkloadIsolationMode::kNone;
     options.log = [this](const std::string& line) {
       std::lock_guard lock(log_mutex_);
       log_.push_back(line);
@@ -448,6 +450,58 @@ TEST_F(AgentDaemonTest, SharesOfNvidiaGpusRunUnderTheAgentsOwnMpsDaemon) {
       << ::testing::PrintToString(lines);
   EXPECT_EQ(std::count(lines.begin(), lines.end(), "get_server_list"),
             static_cast<long>(lines.size()) - 1);
+}
+
+TEST_F(AgentDaemonTest, AWorkloadGetsItsOwnMountNamespaceWithOtherGpusHiddenAndAPrivateTmp) {
+  AgentOptions options = SimOptions();
+  options.sim_gpus.clear();
+  options.nvml_library = GPUFLEET_FAKE_NVML;  // GPU i is /dev/nvidia((i + 1) mod 5)
+  options.workload_isolation = WorkloadIsolationMode::kNamespace;
+  if (::geteuid() != 0) {
+    auto refused = AgentCore::Open(options);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_THAT(refused.error().message,
+                HasSubstr("--workload-isolation namespace needs the agent to run as root"));
+    return;
+  }
+  ASSERT_NO_FATAL_FAILURE(StartAgent(options));
+  EXPECT_TRUE(core_->mount_namespaces());
+  EXPECT_THAT(GetJson("/healthz")["workload_isolation"].get<std::string>(),
+              HasSubstr("other GPUs' device files hidden"));
+
+  // A checkpoint directory under /tmp, as the control loop hands one: kept where it is named.
+  const fs::path checkpoint = root_ / "checkpoint";
+  fs::create_directories(checkpoint);
+  const fs::path outside = root_ / "outside-file";
+  std::ofstream(outside) << "the node's /tmp\n";
+  LaunchRequest request;
+  request.id = "fenced";
+  request.job_id = 51;
+  request.gpu_indices = std::vector<int32_t>{2, 4};
+  request.env = {{"GPUFLEET_CHECKPOINT_DIR", checkpoint.string()}};
+  request.argv = {
+      "sh", "-c",
+      fmt::format("echo private > /tmp/mine; echo saved > {}/state; touch /dev/shm/segment; "
+                  "cat {} 2>/dev/null || echo unseen; cat $TMPDIR/mine; pwd",
+                  checkpoint.string(), outside.string())};
+  auto launched = core_->Launch(request);
+  ASSERT_TRUE(launched.ok()) << launched.error().message;
+  EXPECT_EQ(launched.value().spec.isolation.hidden_devices,
+            (std::vector<std::string>{"/dev/nvidia1", "/dev/nvidia2", "/dev/nvidia4"}));
+  EXPECT_EQ(launched.value().spec.isolation.keep_visible,
+            (std::vector<std::string>{checkpoint.string()}));
+  const Json finished = WaitFinished("fenced");
+  EXPECT_EQ(finished.value("exit_code", -1), 0) << finished.dump();
+  EXPECT_EQ(finished["isolation"]["hidden_devices"].size(), 3u);
+  const std::string workdir = core_->data_dir() + "/workloads/fenced/work";
+  // Its /tmp is its TMPDIR; the node's /tmp (the test's file) is out of sight, its own
+  // directories and the checkpoint are where they were.
+  EXPECT_EQ(core_->Logs("fenced", "stdout", std::nullopt).value(),
+            "unseen\nprivate\n" + workdir + "\n");
+  EXPECT_FALSE(fs::exists("/tmp/mine"));
+  EXPECT_TRUE(fs::exists(core_->data_dir() + "/workloads/fenced/tmp/mine"));
+  EXPECT_TRUE(fs::exists(checkpoint / "state"));
+  EXPECT_FALSE(fs::exists("/dev/shm/segment"));
 }
 
 TEST_F(AgentDaemonTest, WithoutMpsSharesAreAdvisoryAndSaySoOrMpsIsAStartError) {

@@ -82,6 +82,9 @@ class Agent:
                      "--data-dir", data_dir,
                      # Workloads write into root's 0700 temp dirs: as the agent's own user.
                      *([] if "--workload-user" in extra_args else ["--workload-user", "agent"]),
+                     # ... and see the node's /tmp, where the tests' files are.
+                     *([] if "--workload-isolation" in extra_args
+                       else ["--workload-isolation", "none"]),
                      *extra_args]
         self.log = open(log_path, "ab")
         self.process = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=self.log,

@@ -185,6 +185,8 @@ class ControlLoopTest : public ::testing::Test {
     options.start_sampler = false;
     options.shim_command = {GPUFLEET_TEST_SHIM};
     options.cgroup_mode = CgroupMode::kNone;
+    // Workloads signal through files under root_, in the node's /tmp.
+    options.workload_isolation = WorkloadIsolationMode::kNone;
     options.log = [this](const std::string& line) { Note(line); };
     auto opened = AgentCore::Open(std::move(options));
     ASSERT_TRUE(opened.ok()) << opened.error().message;

@@ -102,6 +102,8 @@ TEST_F(NvmlBackendTest, DiscoversGpusWithTheirIdentityAndNvlinkIslands) {
   EXPECT_EQ(first.product_name, "NVIDIA H100 80GB HBM3");
   EXPECT_EQ(first.model, "H100-80GB");
   EXPECT_EQ(first.pci_bus_id, "00000000:18:00.0");
+  EXPECT_EQ(first.device_file, "/dev/nvidia1");  // by minor number, not index
+  EXPECT_EQ(inventory.gpus[4].device_file, "/dev/nvidia0");
   EXPECT_EQ(first.memory_total_mib, 81559);
   EXPECT_EQ(first.power_limit_w, 700.0);
   EXPECT_TRUE(first.xid_events_supported);
@@ -226,6 +228,7 @@ TEST(NvmlMinimalDriverTest, MissingFunctionsMeanNotSupportedNeverACrash) {
   ASSERT_EQ(inventory.gpus.size(), 5U);
   EXPECT_EQ(inventory.gpus[0].product_name, "");
   EXPECT_EQ(inventory.gpus[0].model, "unknown");
+  EXPECT_EQ(inventory.gpus[0].device_file, "");          // no minor number: unknown
   EXPECT_EQ(inventory.gpus[0].memory_total_mib, 81559);  // from the v1 memory call
   EXPECT_FALSE(inventory.gpus[0].power_limit_w.has_value());
   EXPECT_FALSE(inventory.gpus[0].xid_events_supported);

@@ -207,6 +207,13 @@ FAKE_EXPORT nvmlReturn nvmlDeviceGetName(FakeGpu* device, char* name, unsigned i
   std::snprintf(name, length, "%s", IndexOf(device) == 4 ? "NVIDIA L40S" : "NVIDIA H100 80GB HBM3");
   return kSuccess;
 }
+// Minors that differ from the indices (as after a GPU was pulled), so a backend that names
+// device files by index shows up: GPU i is /dev/nvidia(i + 1) mod 5.
+FAKE_EXPORT nvmlReturn nvmlDeviceGetMinorNumber(FakeGpu* device, unsigned int* minor) {
+  if (const nvmlReturn result = Check(device); result != kSuccess) return result;
+  *minor = static_cast<unsigned int>(IndexOf(device) + 1) % kGpuCount;
+  return kSuccess;
+}
 FAKE_EXPORT nvmlReturn nvmlDeviceGetPciInfo_v3(FakeGpu* device, PciInfo* pci) {
   if (const nvmlReturn result = Check(device); result != kSuccess) return result;
   FillPci(0, GpuBus(IndexOf(device)), pci);

@@ -151,7 +151,9 @@ class Cluster:
         return body["token"]
 
     def start_agent(self, name, address="127.0.0.1", gpus="4xH100-80GB", token=None,
-                    extra_args=()):
+                    extra_args=(), wrapper=()):
+        """gpus None: no --sim-gpus (NVML, e.g. --nvml-library in extra_args). wrapper: a command
+        the agent's argv is appended to (it must exec it, so the pid stays the agent's)."""
         data_dir = os.path.join(self.root, f"agent-{name}")
         if data_dir not in self.agent_dirs:
             self.agent_dirs.append(data_dir)
@@ -159,13 +161,17 @@ class Cluster:
         token_file = os.path.join(self.root, f"agent-{name}.token")
         with open(token_file, "w") as file:
             file.write(token + "\n")
-        agent = Process([self.gpufleet, "agent", "--server", self.url, "--token-file", token_file,
-                         "--sim-gpus", gpus, "--hostname", name, "--listen", f"{address}:0",
+        agent = Process([*wrapper, self.gpufleet, "agent", "--server", self.url,
+                         "--token-file", token_file, *(["--sim-gpus", gpus] if gpus else []),
+                         "--hostname", name, "--listen", f"{address}:0",
                          "--address", address, "--data-dir", data_dir,
                          # The tests' files live in root's 0700 temp dirs: workloads run as the
                          # agent's user unless a test asks for another (extra_args win).
                          *([] if "--workload-user" in extra_args else
                            ["--workload-user", "agent"]),
+                         # ... and see the node's /tmp, where the tests' files are.
+                         *([] if "--workload-isolation" in extra_args else
+                           ["--workload-isolation", "none"]),
                          *(["--ca-file", self.ca_file, "--tls-cert", self.ca_file,
                             "--tls-key", self.tls_key] if self.ca_file else []), *extra_args],
                         os.path.join(self.root, f"agent-{name}.log"), f"agent {name}")

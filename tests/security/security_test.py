@@ -332,6 +332,69 @@ def test_workloads_run_as_their_own_users(gpufleet):
         cluster.cli("cancel", str(owner["id"]))
 
 
+# The agent's own /dev for test_other_gpus_device_files_are_hidden: the fake NVML's five GPUs as
+# files "/dev/nvidiaN" (a mount hides a file as it hides a device node, and these can be read
+# without a driver), and the few real nodes a shell needs. Only the agent's mount namespace sees it.
+FAKE_DEV_SETUP = """set -e
+dev=$(mktemp -d)
+mount -t tmpfs -o mode=755 gpufleet-test-dev "$dev"
+for node in null zero full random urandom tty; do cp -a /dev/$node "$dev/"; done
+mkdir "$dev/shm" "$dev/pts"
+ln -s /proc/self/fd "$dev/fd"
+for minor in 0 1 2 3 4; do echo "gpu file $minor" > "$dev/nvidia$minor"; done
+chmod 666 "$dev"/nvidia*
+mount --bind "$dev" /dev
+exec "$@"
+"""
+
+
+def test_other_gpus_device_files_are_hidden(gpufleet):
+    """On an NVML node with a root agent, a workload can open only its own GPUs' /dev/nvidiaN
+    (named by NVML's minor numbers), and has a private /tmp and /dev/shm: the node's files there
+    are out of its sight and what it writes there stays its own."""
+    fake_nvml = os.environ["GPUFLEET_FAKE_NVML"]
+    with Cluster(gpufleet, "devices") as cluster:
+        os.chmod(cluster.root, 0o711)
+        planted = os.path.join(tempfile.gettempdir(), f"gpufleet-node-file-{os.getpid()}")
+        with open(planted, "w") as file:
+            file.write("the node's\n")
+        os.chmod(planted, 0o644)
+        try:
+            cluster.start_server()
+            agent = cluster.start_agent(
+                "node-d", gpus=None, extra_args=["--nvml-library", fake_nvml,
+                                                 "--workload-user", "auto",
+                                                 "--workload-isolation", "auto"],
+                wrapper=["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                         FAKE_DEV_SETUP, "sh"])
+            check("backend nvml" in agent.output and
+                  "workload isolation mount namespace" in agent.output, f"{agent.output}")
+            probe = ("echo $CUDA_VISIBLE_DEVICES; for minor in 0 1 2 3 4; do "
+                     "cat /dev/nvidia$minor 2>/dev/null || echo \"refused $minor\"; done; "
+                     f"cat {planted} 2>/dev/null || echo 'node /tmp unseen'; "
+                     "echo mine > /tmp/written; echo mine > /dev/shm/written; "
+                     "cat /tmp/written /dev/shm/written")
+            job = cluster.submit({"command": ["sh", "-c", probe], "gpus": 2})
+            cluster.wait_state(job["id"], "succeeded")
+            lines = wait_until(lambda: (lambda text: text.split("\n")[:-1]
+                                        if text.count("\n") >= 9 else None)(
+                cluster.logs(job["id"])), 10, "the probe's lines")
+            indices = [int(index) for index in lines[0].split(",")]
+            check(len(indices) == 2, f"CUDA_VISIBLE_DEVICES: {lines[0]}")
+            own = {(index + 1) % 5 for index in indices}  # the fixture's minor numbers
+            expected = [f"gpu file {minor}" if minor in own else f"refused {minor}"
+                        for minor in range(5)]
+            check(lines[1:6] == expected, f"device files: {lines[1:6]}, expected {expected}")
+            check(lines[6:] == ["node /tmp unseen", "mine", "mine"], f"tmp: {lines[6:]}")
+            check(not os.path.exists("/tmp/written") and not os.path.exists("/dev/shm/written"),
+                  "the workload wrote into the node's /tmp or /dev/shm")
+            status, text = http("GET", agent.url + "/healthz")
+            check("other GPUs' device files hidden" in json.loads(text)["workload_isolation"],
+                  f"/healthz: {text}")
+        finally:
+            os.unlink(planted)
+
+
 def new_id_of(cluster, secret):
     return api(cluster.url, secret, "GET", "/api/v1/whoami")[1]["id"]
 
@@ -340,7 +403,7 @@ TESTS = [test_agent_api_needs_the_control_planes_key, test_standalone_agent_is_l
          test_tokens_forged_expired_revoked_rotated_and_scoped,
          test_slow_and_greedy_clients_cannot_lock_others_out,
          test_gpu_shares_carry_their_limits_to_the_workload,
-         test_workloads_run_as_their_own_users]
+         test_workloads_run_as_their_own_users, test_other_gpus_device_files_are_hidden]
 
 if __name__ == "__main__":
     wanted = sys.argv[2:]
