@@ -606,9 +606,9 @@ AgentResult<std::unique_ptr<AgentCore>> AgentCore::Open(AgentOptions options) {
         "workloads share the node's /tmp and see every GPU's device file (no mount namespaces: "
         "the agent is not root or --workload-isolation none); CUDA_VISIBLE_DEVICES alone keeps "
         "them to their GPUs");
-  if (state->mount_namespaces)
+  if (state->mount_namespaces && !state->sim)
     for (const GpuInfo& gpu : state->inventory.gpus)
-      if (!state->sim && gpu.device_file.empty())
+      if (gpu.device_file.empty())
         state->startup_notes.push_back(fmt::format(
             "GPU {}: its device file is unknown (no minor number from NVML): it cannot be "
             "hidden from workloads on other GPUs",

@@ -87,15 +87,8 @@ void ReportStartError(int fd, char stage, int err) {
   size_t length = 12;
   message[length++] = stage;
   message[length++] = ' ';
-  char digits[16];
-  size_t count = 0;
-  unsigned value = err < 0 ? 0u : static_cast<unsigned>(err);
-  do {
-    digits[count++] = static_cast<char>('0' + value % 10);
-    value /= 10;
-  } while (value != 0 && count < sizeof digits);
-  while (count > 0)
-    message[length++] = digits[--count];
+  length +=
+      executor_internal::FormatDecimal(err < 0 ? 0u : static_cast<unsigned>(err), message + length);
   message[length++] = '\n';
   [[maybe_unused]] ssize_t ignored = ::write(fd, message, length);
 }

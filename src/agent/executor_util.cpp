@@ -162,6 +162,18 @@ std::optional<std::string> WriteKernelFile(const std::string& path, std::string_
   return std::nullopt;
 }
 
+size_t FormatDecimal(unsigned value, char* out) {
+  char digits[10];
+  size_t count = 0;
+  do {
+    digits[count++] = static_cast<char>('0' + value % 10);
+    value /= 10;
+  } while (value != 0);
+  for (size_t i = 0; i < count; ++i)
+    out[i] = digits[count - 1 - i];
+  return count;
+}
+
 std::optional<std::string> ResolveCommand(const std::string& command, const std::string& path_env,
                                           const std::string& workdir, int& err) {
   err = 0;

@@ -44,6 +44,10 @@ std::optional<std::string> WriteFileAtomically(const std::string& path, std::str
 // Writes `value` to a kernel file (cgroupfs) in one write().
 std::optional<std::string> WriteKernelFile(const std::string& path, std::string_view value);
 
+// Async-signal-safe (between fork and exec): writes `value` in decimal at `out`, which has room
+// for 10 digits, and returns how many it wrote. No terminating NUL.
+size_t FormatDecimal(unsigned value, char* out);
+
 // What execvp would run for `command` given the workload's PATH, with relative paths taken from
 // `workdir`: the command itself when it contains '/', else the first executable regular file in
 // PATH. Nothing and `err` (ENOENT or EACCES, as execvp reports them) when there is none.

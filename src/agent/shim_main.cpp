@@ -69,7 +69,6 @@ struct ChildFailure {
 // The workload's mount namespace, worked out before fork: the child may only make
 // async-signal-safe calls, so every path it needs is ready.
 struct MountPlan {
-  bool enabled = false;
   std::string tmp;  // what /tmp and /var/tmp show: the workload's private tmp directory
   bool has_var_tmp = false;
   bool has_dev_shm = false;
@@ -90,15 +89,7 @@ struct FdPath {
     size_t length = sizeof prefix - 1;
     for (size_t i = 0; i < length; ++i)
       text[i] = prefix[i];
-    char digits[12];
-    size_t count = 0;
-    unsigned value = static_cast<unsigned>(fd);
-    do {
-      digits[count++] = static_cast<char>('0' + value % 10);
-      value /= 10;
-    } while (value != 0);
-    while (count > 0)
-      text[length++] = digits[--count];
+    length += executor_internal::FormatDecimal(static_cast<unsigned>(fd), text + length);
     text[length] = '\0';
   }
 };
@@ -410,7 +401,7 @@ bool Shim::Start() {
         ::dup2(err_pipe[1], STDERR_FILENO) < 0)
       ChildFail(report, kStageStdio, errno);
     // As root still: mounts need CAP_SYS_ADMIN, which the workload's user never has.
-    if (mount_plan.enabled) ApplyMountPlan(mount_plan, report);
+    if (workload.isolation.mount_namespace) ApplyMountPlan(mount_plan, report);
     // Groups, then gid, then uid: after setuid nothing else could be dropped. No new privileges
     // from then on: a setuid binary (sudo) does not make the workload root again.
     if (run_as && (::setgroups(groups.size(), groups.data()) != 0 || ::setgid(run_as->gid) != 0 ||
@@ -516,7 +507,6 @@ bool Shim::Start() {
 std::optional<std::string> Shim::PlanMounts(MountPlan& plan) {
   const WorkloadIsolation& isolation = spec_.workload.isolation;
   if (!isolation.mount_namespace) return std::nullopt;
-  plan.enabled = true;
   plan.tmp = paths_.tmp;
   struct stat info {};
   plan.has_var_tmp = ::stat("/var/tmp", &info) == 0 && S_ISDIR(info.st_mode);
