@@ -82,6 +82,10 @@ CLI::App* AddGatewayCommand(CLI::App& app, GatewayArgs& args) {
   command->add_option("--connect-timeout", args.connect_timeout, "Connecting to a replica")
       ->capture_default_str();
   command
+      ->add_option("--max-connections-per-client", args.max_connections_per_client,
+                   "Connections one client address may hold open; more get 503 (0: no limit)")
+      ->capture_default_str();
+  command
       ->add_option("--buffer-size", args.buffer_size,
                    "Requests held per deployment while it has no ready replica")
       ->capture_default_str();
@@ -176,6 +180,7 @@ int RunGateway(const GatewayArgs& args) {
   options.max_buffered_per_deployment = args.buffer_size;
   options.retries = args.retries;
   options.eject_after_failures = args.eject_after;
+  options.max_connections_per_client = args.max_connections_per_client;
   struct Duration {
     const char* flag;
     const std::string& text;

@@ -23,6 +23,7 @@ struct GatewayArgs {
   std::string request_timeout = "300s";
   std::string idle_timeout = "60s";
   std::string connect_timeout = "5s";
+  size_t max_connections_per_client = 256;
   int64_t buffer_size = 100;
   std::string buffer_timeout = "60s";
   int retries = 2;

@@ -250,6 +250,9 @@ struct Gateway::Impl {
   void ScrapeTick();
   // Prometheus text of every deployment's counters; takes the lock.
   std::string MetricsTextLocked() const;
+  // Counts a new client connection against the limits: its session id, or nothing with why
+  // (empty when the client is gone already).
+  std::optional<uint64_t> Admit(const std::string& client, std::string& refusal);
 
   // Pool of idle keep-alive connections to replicas, by "host:port".
   std::unique_ptr<tcp::socket> TakeIdle(const std::string& address) {
@@ -294,7 +297,14 @@ struct Gateway::Impl {
   std::mutex sessions_mutex;
   std::condition_variable sessions_gone;
   std::map<uint64_t, std::weak_ptr<ClientSession>> sessions;
+  std::map<uint64_t, std::string> session_clients;  // id -> the client's address
+  std::map<std::string, size_t> connections_by_client;
   uint64_t next_session_id = 0;
+  size_t max_connections = 0;  // resolved at start
+  // Under `mutex`, for /metrics.
+  uint64_t refused_client_limit = 0;
+  uint64_t refused_connection_limit = 0;
+  std::atomic<size_t> open_connections{0};
   bool stop_called = false;
 
   // For the blocking calls: verify_token and the demand callback.
@@ -1706,12 +1716,19 @@ void Gateway::Impl::Accept() {
     if (stopping || !acceptor.is_open()) return;
     if (!error) {
       beast::error_code ignored;
-      socket.set_option(tcp::no_delay(true), ignored);
-      uint64_t id;
-      {
-        std::lock_guard lock(sessions_mutex);
-        id = next_session_id++;
+      const tcp::endpoint peer = socket.remote_endpoint(ignored);
+      std::optional<uint64_t> admitted;
+      std::string refusal;
+      if (!ignored) admitted = Admit(peer.address().to_string(), refusal);
+      if (!admitted) {
+        if (!refusal.empty())
+          net::RefuseConnection(std::move(socket), "application/json",
+                                ErrorBody(false, 503, refusal));
+        Accept();
+        return;
       }
+      const uint64_t id = *admitted;
+      socket.set_option(tcp::no_delay(true), ignored);
       auto session = std::make_shared<ClientSession>(std::move(socket), strand, *this, id);
       {
         std::lock_guard lock(sessions_mutex);
@@ -1727,8 +1744,42 @@ void Gateway::Impl::Accept() {
   });
 }
 
+std::optional<uint64_t> Gateway::Impl::Admit(const std::string& client, std::string& refusal) {
+  bool client_limit = false;
+  {
+    std::lock_guard lock(sessions_mutex);
+    size_t& from_client = connections_by_client[client];
+    if (session_clients.size() >= max_connections) {
+      refusal = fmt::format("gateway busy: {} connections open, the most it takes",
+                            session_clients.size());
+    } else if (options.max_connections_per_client > 0 &&
+               from_client >= options.max_connections_per_client) {
+      client_limit = true;
+      refusal = fmt::format("too many connections from {}: {} open, the most one client may have",
+                            client, from_client);
+    } else {
+      ++from_client;
+      const uint64_t id = next_session_id++;
+      session_clients.emplace(id, client);
+      ++open_connections;
+      return id;
+    }
+    if (from_client == 0) connections_by_client.erase(client);
+  }
+  std::lock_guard lock(mutex);
+  ++(client_limit ? refused_client_limit : refused_connection_limit);
+  return std::nullopt;
+}
+
 void Gateway::Impl::Forget(uint64_t id) {
   std::lock_guard lock(sessions_mutex);
+  if (auto client = session_clients.find(id); client != session_clients.end()) {
+    auto from_client = connections_by_client.find(client->second);
+    if (from_client != connections_by_client.end() && --from_client->second == 0)
+      connections_by_client.erase(from_client);
+    session_clients.erase(client);
+    --open_connections;
+  }
   sessions.erase(id);
   if (sessions.empty()) sessions_gone.notify_all();
 }
@@ -1812,6 +1863,14 @@ std::string Gateway::Impl::MetricsTextLocked() const {
                      upstream_connections_opened);
   family("gpufleet_gateway_client_connections_total", "counter", "Client connections accepted.");
   out += fmt::format("gpufleet_gateway_client_connections_total {}\n", accepted_connections);
+  family("gpufleet_gateway_client_connections", "gauge", "Client connections open now.");
+  out += fmt::format("gpufleet_gateway_client_connections {}\n", open_connections.load());
+  family("gpufleet_gateway_refused_connections_total", "counter",
+         "Client connections answered 503 and closed at once, by the limit they hit.");
+  out += fmt::format(
+      "gpufleet_gateway_refused_connections_total{{reason=\"client_connection_limit\"}} {}\n"
+      "gpufleet_gateway_refused_connections_total{{reason=\"connection_limit\"}} {}\n",
+      refused_client_limit, refused_connection_limit);
   return out;
 }
 
@@ -1827,6 +1886,8 @@ Gateway::StartResult Gateway::Start(GatewayOptions options) {
   }
   auto impl = std::make_shared<Impl>(std::move(options));
   const GatewayOptions& opts = impl->options;
+  impl->max_connections =
+      opts.max_connections > 0 ? opts.max_connections : net::DefaultMaxConnections();
   auto bound = net::Listen(impl->acceptor, opts.host, opts.port, result.error);
   if (!bound) return result;
   impl->endpoint = *bound;

@@ -58,6 +58,11 @@ struct GatewayOptions {
   // how long an idle pooled upstream connection is kept.
   std::chrono::milliseconds idle_timeout{std::chrono::seconds(60)};
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(5)};
+  // Client connections open at once from one address (so slow or greedy clients cannot hold
+  // them all; 0: no per-client limit) and in all (0: half the open-file limit, at most 10000).
+  // One more is answered 503 and closed.
+  size_t max_connections_per_client = 256;
+  size_t max_connections = 0;
   // Scale from zero: requests held per deployment while it has no ready endpoint, and how long.
   int64_t max_buffered_per_deployment = 100;
   std::chrono::milliseconds buffer_timeout{std::chrono::seconds(60)};

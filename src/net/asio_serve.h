@@ -4,6 +4,7 @@
 // listen on host:port, then run the io_context on its threads. Includes Asio: for the few .cpp
 // files that already do, never for a public header.
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <system_error>
@@ -13,6 +14,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <fmt/format.h>
+#include <sys/resource.h>
 
 namespace gpufleet::net {
 
@@ -45,6 +47,34 @@ inline std::optional<boost::asio::ip::tcp::endpoint> Listen(
   auto bound = acceptor.local_endpoint(code);
   if (code) return fail("read the bound address of");
   return bound;
+}
+
+// How many connections a server holds open at most by default: half the process's open-file
+// limit (the rest is for the store, logs, upstreams and workloads), from 16 to 10000.
+inline size_t DefaultMaxConnections() {
+  rlimit files{};
+  const size_t limit = ::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY
+                           ? static_cast<size_t>(files.rlim_cur)
+                           : 20000;
+  return std::clamp<size_t>(limit / 2, 16, 10000);
+}
+
+// A connection over a server's limits gets a plain 503 with `body`, written without waiting (the
+// socket's buffer takes it; if not, the client is only told by the close), and is closed. A TLS
+// listener (`plain` false) only closes: the client has not finished its handshake.
+inline void RefuseConnection(boost::asio::ip::tcp::socket socket, std::string_view content_type,
+                             std::string_view body, bool plain = true) {
+  boost::system::error_code ignored;
+  if (plain) {
+    const std::string raw = fmt::format(
+        "HTTP/1.1 503 Service Unavailable\r\nServer: gpufleet\r\nContent-Type: {}\r\n"
+        "Content-Length: {}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n{}",
+        content_type, body.size(), body);
+    socket.non_blocking(true, ignored);
+    socket.write_some(boost::asio::buffer(raw), ignored);
+  }
+  socket.shutdown(boost::asio::ip::tcp::socket::shutdown_both, ignored);
+  socket.close(ignored);
 }
 
 // Runs `ioc` on `count` (at least 1) new threads; on failure stops and joins those started and

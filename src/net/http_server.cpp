@@ -432,21 +432,9 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   char drain_buffer_[4096];
 };
 
-// A connection over the limits gets a one-line answer, written without waiting (the socket's
-// buffer takes it; if not, the client is only told by the close), and is closed.
 void Refuse(tcp::socket socket, const std::string& refusal, bool tls) {
-  beast::error_code ignored;
-  if (!tls) {
-    const HttpResponse answer = HttpResponse::Error(503, refusal);
-    const std::string raw = fmt::format(
-        "HTTP/1.1 503 Service Unavailable\r\nServer: gpufleet\r\nContent-Type: {}\r\n"
-        "Content-Length: {}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n{}",
-        answer.content_type, answer.body.size(), answer.body);
-    socket.non_blocking(true, ignored);
-    socket.write_some(asio::buffer(raw), ignored);
-  }
-  socket.shutdown(tcp::socket::shutdown_both, ignored);
-  socket.close(ignored);
+  const HttpResponse answer = HttpResponse::Error(503, refusal);
+  RefuseConnection(std::move(socket), answer.content_type, answer.body, !tls);
 }
 
 }  // namespace
@@ -568,14 +556,7 @@ HttpServer::StartResult HttpServer::Start(const HttpServerOptions& options,
   auto impl = std::make_unique<Impl>(options, std::move(handler));
   impl->counters = options.counters ? options.counters : std::make_shared<HttpServerCounters>();
   impl->max_connections = options.max_connections;
-  if (impl->max_connections == 0) {
-    // Half the descriptors for connections leaves the rest to the store, logs and workloads.
-    rlimit files{};
-    const size_t limit = ::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY
-                             ? static_cast<size_t>(files.rlim_cur)
-                             : 20000;
-    impl->max_connections = std::clamp<size_t>(limit / 2, 16, 10000);
-  }
+  if (impl->max_connections == 0) impl->max_connections = DefaultMaxConnections();
   if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
     result.error = "HTTPS needs both a certificate and a private key (tls_cert_file, tls_key_file)";
     return result;

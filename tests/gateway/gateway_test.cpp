@@ -8,8 +8,10 @@
 #include <cstdlib>
 #include <future>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
@@ -420,6 +422,43 @@ TEST(GatewayRouting, BodyOverTheLimitIs413) {
                             R"({"model":"llama","prompt":")" + std::string(2000, 'x') + "\"}");
   EXPECT_EQ(reply.status, 413);
   EXPECT_TRUE(a.requests().empty());
+}
+
+// Slow or greedy clients: one address holds at most its share of connections; one more gets a
+// 503 naming the limit and is closed, and is counted; others, and the same client once it lets
+// one go, are served.
+TEST(GatewayLimits, ConnectionsArePerClientAddressCapped) {
+  Backend backend(Echo("a"));
+  GatewayOptions options = TestOptions();
+  options.max_connections_per_client = 3;
+  auto gateway = StartGateway(options);
+  gateway->SetRoutes({MakeRoute("echo", {backend.endpoint("r1")})});
+  std::vector<std::unique_ptr<Client>> held;
+  for (int i = 0; i < 3; ++i)
+    held.push_back(std::make_unique<Client>(gateway->port()));
+  EXPECT_EQ(held[0]->Send(http::verb::get, "/d/echo/").status, 200);
+  Client over(gateway->port());
+  const std::string refused = over.ReadUntil("\r\n\r\n{");
+  EXPECT_NE(refused.find("HTTP/1.1 503"), std::string::npos) << refused;
+  EXPECT_NE(over.ReadUntil("}").find("too many connections from 127.0.0.1: 3 open"),
+            std::string::npos);
+  const std::string metrics = gateway->MetricsText();
+  EXPECT_EQ(Sample(metrics,
+                   "gpufleet_gateway_refused_connections_total{reason="
+                   "\"client_connection_limit\"}"),
+            1);
+  EXPECT_EQ(Sample(metrics, "gpufleet_gateway_client_connections"), 3);
+  held[1]->Close();
+  held.erase(held.begin() + 1);
+  // The gateway notices the close when its read ends: give it a moment.
+  Reply reply;
+  for (int attempt = 0; attempt < 50 && reply.status != 200; ++attempt) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    Client again(gateway->port());
+    reply = again.Send(http::verb::get, "/d/echo/");
+  }
+  EXPECT_EQ(reply.status, 200);
+  EXPECT_EQ(held[0]->Send(http::verb::get, "/d/echo/").status, 200);
 }
 
 TEST(GatewayProxy, KeepAliveReusesUpstreamConnections) {
