@@ -188,9 +188,10 @@ struct AgentCore::State {
   SimGpuBackend* sim = nullptr;                        // the backend, when simulated
   GpuSharingMode sharing = GpuSharingMode::kAdvisory;  // resolved at Open
   // Whom workloads run as (AgentOptions.workload_user, resolved at Open).
-  enum class RunAs { kAgent, kPerJob, kUser } run_as = RunAs::kAgent;
+  enum class RunAs { kAgent, kPerJob, kMapped, kUser } run_as = RunAs::kAgent;
   WorkloadUser named_user;  // kUser
-  std::optional<WorkloadUser> RunAsFor(const LaunchRequest& request) const;
+  // Whom the workload runs as (nothing: the agent's user), or why it may not run.
+  AgentResult<std::optional<WorkloadUser>> RunAsFor(const LaunchRequest& request) const;
   bool mount_namespaces = false;  // AgentOptions.workload_isolation, resolved at Open
   // What a workload on `positions` may not open: every other GPU's device files.
   WorkloadIsolation IsolationFor(const std::vector<size_t>& positions,
@@ -574,6 +575,8 @@ AgentResult<std::unique_ptr<AgentCore>> AgentCore::Open(AgentOptions options) {
 
   if (options.workload_user == "per-job") {
     state->run_as = State::RunAs::kPerJob;
+  } else if (options.workload_user == "mapped") {
+    state->run_as = State::RunAs::kMapped;
   } else if (!options.workload_user.empty() && options.workload_user != "agent") {
     auto user = LookUpUser(options.workload_user);
     if (!user) return bad(fmt::format("--workload-user '{}': no such user", options.workload_user));
@@ -608,7 +611,7 @@ AgentResult<std::unique_ptr<AgentCore>> AgentCore::Open(AgentOptions options) {
         "them to their GPUs");
   if (state->mount_namespaces && !state->sim)
     for (const GpuInfo& gpu : state->inventory.gpus)
-      if (gpu.device_file.empty())
+      if (gpu.device_files.empty())
         state->startup_notes.push_back(fmt::format(
             "GPU {}: its device file is unknown (no minor number from NVML): it cannot be "
             "hidden from workloads on other GPUs",
@@ -750,6 +753,8 @@ std::string AgentCore::DescribeWorkloadUser() const {
   switch (state_->run_as) {
     case State::RunAs::kPerJob:
       return fmt::format("per-job users (uid {} + job id)", kPerJobUidBase);
+    case State::RunAs::kMapped:
+      return "the Unix users named like the jobs' platform users (mapped; never root)";
     case State::RunAs::kUser:
       return fmt::format("user {} (uid {})", state_->named_user.name, state_->named_user.uid);
     case State::RunAs::kAgent:
@@ -765,10 +770,13 @@ WorkloadIsolation AgentCore::State::IsolationFor(
   isolation.mount_namespace = true;
   std::set<std::string> own;
   for (size_t position : positions)
-    own.insert(inventory.gpus[position].device_file);
+    own.insert(inventory.gpus[position].device_files.begin(),
+               inventory.gpus[position].device_files.end());
+  // A MIG instance's GPU node stays visible to the instances cut from that GPU.
   std::set<std::string> hidden;
   for (const GpuInfo& gpu : inventory.gpus)
-    if (!gpu.device_file.empty() && !own.count(gpu.device_file)) hidden.insert(gpu.device_file);
+    for (const std::string& file : gpu.device_files)
+      if (!own.count(file)) hidden.insert(file);
   isolation.hidden_devices.assign(hidden.begin(), hidden.end());
   // Directories we hand the workload by name, which must stay where they are named.
   for (const char* name :
@@ -779,9 +787,26 @@ WorkloadIsolation AgentCore::State::IsolationFor(
   return isolation;
 }
 
-std::optional<WorkloadUser> AgentCore::State::RunAsFor(const LaunchRequest& request) const {
-  if (run_as == RunAs::kAgent) return std::nullopt;
-  if (run_as == RunAs::kUser) return named_user;
+AgentResult<std::optional<WorkloadUser>> AgentCore::State::RunAsFor(
+    const LaunchRequest& request) const {
+  if (run_as == RunAs::kAgent) return std::optional<WorkloadUser>();
+  if (run_as == RunAs::kUser) return std::optional<WorkloadUser>(named_user);
+  if (run_as == RunAs::kMapped) {
+    // Looked up at each launch: accounts come and go (LDAP/SSSD) while the agent runs.
+    const std::string& name = request.platform_user;
+    auto refuse = [&](std::string why) {
+      return AgentError{AgentErrorKind::kBadRequest,
+                        fmt::format("--workload-user mapped: {}", why)};
+    };
+    if (name.empty()) return refuse("the workload has no platform user to map");
+    auto user = LookUpUser(name);
+    if (!user)
+      return refuse(fmt::format("platform user '{}' has no Unix account on {}", name, hostname));
+    if (user->uid == 0)
+      return refuse(
+          fmt::format("platform user '{}' maps to uid 0 (root), which runs no workloads", name));
+    return std::optional<WorkloadUser>(std::move(*user));
+  }
   // A job keeps its uid across attempts and nodes (its checkpoints stay its own); a workload
   // without a job (agent run, the local API) gets one from its id.
   const uint64_t key = request.job_id != 0 ? static_cast<uint64_t>(request.job_id)
@@ -790,7 +815,7 @@ std::optional<WorkloadUser> AgentCore::State::RunAsFor(const LaunchRequest& requ
   user.uid = user.gid = kPerJobUidBase + static_cast<uint32_t>(key % kPerJobUids);
   user.name = request.job_id != 0 ? fmt::format("uid {} (job {})", user.uid, request.job_id)
                                   : fmt::format("uid {} (workload {})", user.uid, request.id);
-  return user;
+  return std::optional<WorkloadUser>(std::move(user));
 }
 std::string AgentCore::driver_version() const {
   return state_->driver_version;
@@ -997,7 +1022,14 @@ AgentResult<WorkloadView> AgentCore::Launch(const LaunchRequest& request) {
       return AgentError{AgentErrorKind::kInternal, *error};
     }
   }
-  spec.run_as = state.RunAsFor(request);
+  auto run_as = state.RunAsFor(request);
+  if (!run_as.ok()) {
+    std::lock_guard lock(state.mutex);
+    state.active.erase(id);
+    state.PublishCountsLocked();
+    return run_as.error();
+  }
+  spec.run_as = std::move(run_as.value());
   if (spec.run_as) {
     // The job's checkpoint directory is its own: the same uid on every attempt, closed to others.
     auto checkpoint = spec.env.find("GPUFLEET_CHECKPOINT_DIR");

@@ -56,7 +56,9 @@ struct AgentOptions {
   std::string mps_control = "nvidia-cuda-mps-control";
   // Whom workloads run as: "agent" (or empty): the agent's own user; "per-job": a uid of their
   // own per job (kPerJobUidBase + job id mod kPerJobUids, gid the same), so jobs cannot read one
-  // another's files; or a user name. Anything but the agent's own user needs a root agent.
+  // another's files; "mapped": the node's Unix account named like the job's platform user (a
+  // job whose user has none, or whose account is root, does not start); or a user name.
+  // Anything but the agent's own user needs a root agent.
   std::string workload_user;
   WorkloadIsolationMode workload_isolation = WorkloadIsolationMode::kAuto;
   GpuHealthConfig health;
@@ -98,6 +100,9 @@ struct LaunchRequest {
   std::string id;  // empty: the agent makes one ("w-" and 12 hex digits)
   JobId job_id = 0;
   int32_t task_index = 0;
+  // Who submitted it on the platform (empty for local launches): the account it runs as under
+  // --workload-user mapped.
+  std::string platform_user;
   std::vector<std::string> argv;
   std::map<std::string, std::string> env;
   std::string workdir;

@@ -169,6 +169,12 @@ Json GpuToJson(const GpuView& view) {
   json["pci_bus_id"] = info.pci_bus_id;
   json["memory_total_mib"] = info.memory_total_mib;
   json["nvlink_island"] = info.nvlink_island;
+  if (info.mig)
+    json["mig"] = {{"parent_index", info.mig->parent_index},
+                   {"parent_uuid", info.mig->parent_uuid},
+                   {"profile", info.mig->profile},
+                   {"gpu_instance_id", info.mig->gpu_instance_id},
+                   {"compute_instance_id", info.mig->compute_instance_id}};
   json["power_limit_w"] = OptionalJson(info.power_limit_w);
   json["xid_events_supported"] = info.xid_events_supported;
   json["healthy"] = view.health.healthy;

@@ -386,6 +386,7 @@ bool ControlLoop::State::LaunchTask(const api::TaskLaunch& task,
   request.id = task.workload_id;
   request.job_id = task.job_id;
   request.task_index = task.rank;
+  request.platform_user = task.user;
   request.argv = task.argv;
   request.env = task.env;
   request.workdir = task.workdir;

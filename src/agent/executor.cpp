@@ -67,10 +67,15 @@ std::vector<std::string> BuildEnvironment(const WorkloadSpec& spec, const std::s
   for (const char* name : {"TMPDIR", "TMP", "TEMP"})
     env[name] = tmp;
   // Ours win over the user's: they are what confines the workload to its GPUs.
-  env["CUDA_VISIBLE_DEVICES"] = JoinInts(spec.gpu_indices);  // "" = no GPU
+  // A MIG instance has no CUDA index of its own: CUDA takes it by its "MIG-..." UUID only.
+  const bool mig = std::any_of(spec.gpu_uuids.begin(), spec.gpu_uuids.end(),
+                               [](const std::string& uuid) { return uuid.starts_with("MIG-"); });
+  const std::string visible =
+      mig ? fmt::format("{}", fmt::join(spec.gpu_uuids, ",")) : JoinInts(spec.gpu_indices);
+  env["CUDA_VISIBLE_DEVICES"] = visible;  // "" = no GPU
   // CUDA's default order is fastest-first; PCI order matches NVML's indices.
   env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID";
-  env["NVIDIA_VISIBLE_DEVICES"] = spec.gpu_indices.empty() ? "none" : JoinInts(spec.gpu_indices);
+  env["NVIDIA_VISIBLE_DEVICES"] = spec.gpu_indices.empty() ? "none" : visible;
   env["GPUFLEET_GPU_UUIDS"] = fmt::format("{}", fmt::join(spec.gpu_uuids, ","));
   env["GPUFLEET_JOB_ID"] = std::to_string(spec.job_id);
   env["GPUFLEET_TASK_INDEX"] = std::to_string(spec.task_index);

@@ -10,6 +10,16 @@
 
 namespace gpufleet::agent {
 
+// A MIG instance (a GPU instance with one compute instance) of a GPU in MIG mode: the agent
+// schedules it as a device of its own, and the GPU it is cut from is not offered whole.
+struct MigInstance {
+  int32_t parent_index = 0;  // the NVML index of the GPU it is part of
+  std::string parent_uuid;
+  uint32_t gpu_instance_id = 0;
+  uint32_t compute_instance_id = 0;
+  std::string profile;  // "1g.10gb", "3g.40gb": NVIDIA's profile name, from the device's name
+};
+
 // What a GPU is: fixed for the life of the agent (GPUs do not appear without a driver reload).
 struct GpuInfo {
   int32_t index = 0;         // as NVML and CUDA (with CUDA_DEVICE_ORDER=PCI_BUS_ID) number it
@@ -17,9 +27,11 @@ struct GpuInfo {
   std::string product_name;  // as the driver names it: "NVIDIA H100 80GB HBM3"
   std::string model;         // gpufleet's model key that job constraints match: "H100-80GB"
   std::string pci_bus_id;    // "00000000:18:00.0"
-  // What a process opens to use it ("/dev/nvidia3", from NVML's minor number): hidden from
-  // workloads on other GPUs. Empty: unknown, or none (simulated).
-  std::string device_file;
+  // What a process opens to use it ("/dev/nvidia3", from NVML's minor number; a MIG instance
+  // adds its GPU and compute instance's /dev/nvidia-caps/nvidia-capN): hidden from workloads on
+  // other GPUs, except those they share. Empty: unknown, or none (simulated).
+  std::vector<std::string> device_files;
+  std::optional<MigInstance> mig;  // set for a MIG instance: then `uuid` is its "MIG-..." UUID
   MiB memory_total_mib = 0;
   // GPUs with the same id are joined by active NVLinks, directly or through an NVSwitch; a GPU
   // without NVLink is alone on its island. Ids are small and dense, numbered from GPU 0 upwards.

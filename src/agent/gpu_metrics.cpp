@@ -121,7 +121,13 @@ std::string GpuLabels(const NodeMetricsSnapshot& snapshot, const GpuMetricsEntry
   AppendLabel("gpu", fmt::format("{}", gpu.info.index), labels);
   AppendLabel("UUID", gpu.info.uuid, labels);
   AppendLabel("pci_bus_id", gpu.info.pci_bus_id, labels);
-  AppendLabel("device", fmt::format("nvidia{}", gpu.info.index), labels);
+  const auto& mig = gpu.info.mig;
+  AppendLabel("device", fmt::format("nvidia{}", mig ? mig->parent_index : gpu.info.index), labels);
+  // dcgm-exporter's names for a MIG instance.
+  if (mig) {
+    AppendLabel("GPU_I_PROFILE", mig->profile, labels);
+    AppendLabel("GPU_I_ID", fmt::format("{}", mig->gpu_instance_id), labels);
+  }
   AppendLabel("modelName", gpu.info.product_name, labels);
   AppendLabel("Hostname", snapshot.hostname, labels);
   AppendLabel("DCGM_FI_DRIVER_VERSION", snapshot.driver_version, labels);

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstddef>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <numeric>
@@ -38,15 +39,17 @@ constexpr Return kErrorFunctionNotFound = 13;
 constexpr Return kErrorGpuIsLost = 15;
 constexpr Return kErrorArgumentVersionMismatch = 25;
 
-constexpr unsigned int kTemperatureGpu = 0;          // NVML_TEMPERATURE_GPU
-constexpr unsigned int kClockSm = 1;                 // NVML_CLOCK_SM
-constexpr unsigned int kClockMem = 2;                // NVML_CLOCK_MEM
-constexpr unsigned int kMemoryErrorCorrected = 0;    // NVML_MEMORY_ERROR_TYPE_CORRECTED
-constexpr unsigned int kMemoryErrorUncorrected = 1;  // NVML_MEMORY_ERROR_TYPE_UNCORRECTED
-constexpr unsigned int kVolatileEcc = 0;             // NVML_VOLATILE_ECC
-constexpr unsigned int kFeatureEnabled = 1;          // NVML_FEATURE_ENABLED
-constexpr unsigned int kP2pCapsIndexNvlink = 2;      // NVML_P2P_CAPS_INDEX_NVLINK
-constexpr unsigned int kP2pStatusOk = 0;             // NVML_P2P_STATUS_OK
+constexpr unsigned int kTemperatureGpu = 0;              // NVML_TEMPERATURE_GPU
+constexpr unsigned int kClockSm = 1;                     // NVML_CLOCK_SM
+constexpr unsigned int kClockMem = 2;                    // NVML_CLOCK_MEM
+constexpr unsigned int kMemoryErrorCorrected = 0;        // NVML_MEMORY_ERROR_TYPE_CORRECTED
+constexpr unsigned int kMemoryErrorUncorrected = 1;      // NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+constexpr unsigned int kVolatileEcc = 0;                 // NVML_VOLATILE_ECC
+constexpr unsigned int kFeatureEnabled = 1;              // NVML_FEATURE_ENABLED
+constexpr unsigned int kP2pCapsIndexNvlink = 2;          // NVML_P2P_CAPS_INDEX_NVLINK
+constexpr unsigned int kP2pStatusOk = 0;                 // NVML_P2P_STATUS_OK
+constexpr unsigned int kMigEnabled = 1;                  // NVML_DEVICE_MIG_ENABLE
+constexpr unsigned int kInvalidInstanceId = 0xFFFFFFFF;  // an event of the whole GPU
 constexpr unsigned long long kEventTypeXidCriticalError = 0x8;
 constexpr unsigned int kNvLinkMaxLinks = 18;    // NVML_NVLINK_MAX_LINKS
 constexpr unsigned int kStringBufferSize = 96;  // NVML_DEVICE_{UUID,NAME}_V2_BUFFER_SIZE
@@ -185,11 +188,26 @@ struct NvmlBackend::State {
                                          nvml::EventSet) = nullptr;
   nvml::Return (*event_set_wait)(nvml::EventSet, nvml::EventData*, unsigned int) = nullptr;
   nvml::Return (*event_set_free)(nvml::EventSet) = nullptr;
+  nvml::Return (*device_get_mig_mode)(nvml::Device, unsigned int*, unsigned int*) = nullptr;
+  nvml::Return (*device_get_max_mig_device_count)(nvml::Device, unsigned int*) = nullptr;
+  nvml::Return (*device_get_mig_device_handle_by_index)(nvml::Device, unsigned int,
+                                                        nvml::Device*) = nullptr;
+  nvml::Return (*device_get_gpu_instance_id)(nvml::Device, unsigned int*) = nullptr;
+  nvml::Return (*device_get_compute_instance_id)(nvml::Device, unsigned int*) = nullptr;
 
   bool initialized = false;
   std::string driver_version;
   GpuInventory inventory;
-  std::vector<nvml::Device> handles;  // by NVML index; null for GPUs left out of the inventory
+  // By GpuInfo::index: NVML's index for whole GPUs, from the GPU count upwards for MIG instances;
+  // null for GPUs left out of the inventory (and for GPUs in MIG mode, offered as instances).
+  std::vector<nvml::Device> handles;
+  std::string mig_minors_path;
+  // GPUs in MIG mode: XIDs arrive on them, naming the GPU instance.
+  struct MigParent {
+    nvml::Device device = nullptr;
+    std::vector<size_t> instances;  // positions in inventory.gpus
+  };
+  std::vector<MigParent> mig_parents;
   nvml::EventSet event_set = nullptr;
   std::mutex events_mutex;  // NVML does not promise that concurrent waits on one set are safe
 
@@ -233,6 +251,12 @@ struct NvmlBackend::State {
   }
 
   void Enumerate();
+  MiB MemoryTotalMib(nvml::Device device) const;
+  // Adds the MIG instances of `parent` (a GPU in MIG mode, minor number `minor` if known) to the
+  // inventory, as devices with indices from `next_index` and islands from `next_island`.
+  void AddMigInstances(const GpuInfo& parent, nvml::Device device, std::optional<unsigned> minor,
+                       const std::map<std::string, unsigned>& cap_minors, int32_t& next_index,
+                       int32_t& next_island);
   std::vector<int32_t> NvlinkIslands(const std::vector<nvml::Device>& devices,
                                      const std::vector<std::optional<PciKey>>& addresses);
   void RegisterEvents();
@@ -292,6 +316,26 @@ std::vector<std::string_view> Words(std::string_view text) {
   return words;
 }
 
+// "NVIDIA H100 80GB HBM3 MIG 3g.40gb" -> "3g.40gb"; "" when the name has no profile.
+std::string MigProfileOf(std::string_view name) {
+  const size_t at = name.rfind("MIG ");
+  if (at == std::string_view::npos) return "";
+  std::string_view profile = name.substr(at + 4);
+  return std::string(profile.substr(0, profile.find(' ')));
+}
+
+// The driver's "gpu0/gi1/access 12" lines (and "config 1", "monitor 2"); empty when the file is
+// not there (no MIG support in the driver).
+std::map<std::string, unsigned> ReadMigMinors(const std::string& path) {
+  std::map<std::string, unsigned> minors;
+  std::ifstream file(path);
+  std::string name;
+  unsigned minor = 0;
+  while (file >> name >> minor)
+    minors[name] = minor;
+  return minors;
+}
+
 }  // namespace
 
 void NvmlBackend::State::Enumerate() {
@@ -304,6 +348,12 @@ void NvmlBackend::State::Enumerate() {
   handles.assign(count, nullptr);
   std::vector<nvml::Device> devices;  // of the GPUs in the inventory, in index order
   std::vector<std::optional<PciKey>> addresses;
+  struct InMigMode {
+    GpuInfo info;
+    nvml::Device device;
+    std::optional<unsigned> minor;
+  };
+  std::vector<InMigMode> in_mig_mode;
   for (unsigned int index = 0; index < count; ++index) {
     nvml::Device device = nullptr;
     nvml::Return result = device_get_handle_by_index_v2(index, &device);
@@ -326,9 +376,12 @@ void NvmlBackend::State::Enumerate() {
       if (result != nvml::kSuccess) info.product_name.clear();
     }
     // The driver names each GPU's device node by its minor number, not its NVML index.
-    if (unsigned int minor = 0; device_get_minor_number != nullptr &&
-                                device_get_minor_number(device, &minor) == nvml::kSuccess)
-      info.device_file = fmt::format("/dev/nvidia{}", minor);
+    std::optional<unsigned> minor;
+    if (unsigned int number = 0; device_get_minor_number != nullptr &&
+                                 device_get_minor_number(device, &number) == nvml::kSuccess) {
+      minor = number;
+      info.device_files.push_back(fmt::format("/dev/nvidia{}", number));
+    }
     nvml::PciInfo pci{};
     std::optional<PciKey> address;
     if (device_get_pci_info_v3 != nullptr &&
@@ -336,16 +389,7 @@ void NvmlBackend::State::Enumerate() {
       info.pci_bus_id = FromBuffer(pci.bus_id, sizeof(pci.bus_id));
       address = KeyOf(pci);
     }
-    nvml::MemoryV2 memory_v2{};
-    memory_v2.version = nvml::kMemoryV2Version;
-    nvml::Memory memory_v1{};
-    if (device_get_memory_info_v2 != nullptr &&
-        device_get_memory_info_v2(device, &memory_v2) == nvml::kSuccess) {
-      info.memory_total_mib = BytesToMiB(memory_v2.total);
-    } else if (device_get_memory_info != nullptr &&
-               device_get_memory_info(device, &memory_v1) == nvml::kSuccess) {
-      info.memory_total_mib = BytesToMiB(memory_v1.total);
-    }
+    info.memory_total_mib = MemoryTotalMib(device);
     unsigned int limit_mw = 0;
     if (device_get_enforced_power_limit != nullptr &&
         device_get_enforced_power_limit(device, &limit_mw) == nvml::kSuccess) {
@@ -353,6 +397,19 @@ void NvmlBackend::State::Enumerate() {
     }
     info.model = info.product_name.empty() ? std::string("unknown")
                                            : GpuModelKey(info.product_name, info.memory_total_mib);
+    unsigned int mig_mode = 0, pending_mig_mode = 0;
+    if (device_get_mig_mode != nullptr &&
+        device_get_mig_mode(device, &mig_mode, &pending_mig_mode) == nvml::kSuccess) {
+      if (mig_mode != pending_mig_mode)
+        inventory.problems.push_back(
+            fmt::format("GPU {}: MIG mode {} waits for a GPU reset; offered as it is now ({})",
+                        index, pending_mig_mode == nvml::kMigEnabled ? "on" : "off",
+                        mig_mode == nvml::kMigEnabled ? "MIG instances" : "the whole GPU"));
+      if (mig_mode == nvml::kMigEnabled) {
+        in_mig_mode.push_back({std::move(info), device, minor});
+        continue;
+      }
+    }
     handles[index] = device;
     devices.push_back(device);
     addresses.push_back(address);
@@ -361,6 +418,105 @@ void NvmlBackend::State::Enumerate() {
   const std::vector<int32_t> islands = NvlinkIslands(devices, addresses);
   for (size_t i = 0; i < inventory.gpus.size(); ++i)
     inventory.gpus[i].nvlink_island = islands[i];
+  if (in_mig_mode.empty()) return;
+  const std::map<std::string, unsigned> cap_minors = ReadMigMinors(mig_minors_path);
+  auto next_index = static_cast<int32_t>(count);
+  int32_t next_island = islands.empty() ? 0 : *std::max_element(islands.begin(), islands.end()) + 1;
+  for (const InMigMode& gpu : in_mig_mode)
+    AddMigInstances(gpu.info, gpu.device, gpu.minor, cap_minors, next_index, next_island);
+}
+
+MiB NvmlBackend::State::MemoryTotalMib(nvml::Device device) const {
+  nvml::MemoryV2 memory_v2{};
+  memory_v2.version = nvml::kMemoryV2Version;
+  nvml::Memory memory_v1{};
+  if (device_get_memory_info_v2 != nullptr &&
+      device_get_memory_info_v2(device, &memory_v2) == nvml::kSuccess)
+    return BytesToMiB(memory_v2.total);
+  if (device_get_memory_info != nullptr &&
+      device_get_memory_info(device, &memory_v1) == nvml::kSuccess)
+    return BytesToMiB(memory_v1.total);
+  return 0;
+}
+
+void NvmlBackend::State::AddMigInstances(const GpuInfo& parent, nvml::Device device,
+                                         std::optional<unsigned> minor,
+                                         const std::map<std::string, unsigned>& cap_minors,
+                                         int32_t& next_index, int32_t& next_island) {
+  unsigned int slots = 0;
+  if (device_get_max_mig_device_count == nullptr ||
+      device_get_mig_device_handle_by_index == nullptr || device_get_gpu_instance_id == nullptr ||
+      device_get_compute_instance_id == nullptr ||
+      device_get_max_mig_device_count(device, &slots) != nvml::kSuccess) {
+    inventory.problems.push_back(fmt::format(
+        "GPU {} is in MIG mode, but this driver does not list its MIG instances: not offered",
+        parent.index));
+    return;
+  }
+  MigParent record;
+  record.device = device;
+  for (unsigned int slot = 0; slot < slots; ++slot) {
+    nvml::Device instance = nullptr;
+    // An empty slot answers "not found".
+    if (device_get_mig_device_handle_by_index(device, slot, &instance) != nvml::kSuccess ||
+        instance == nullptr)
+      continue;
+    GpuInfo info;
+    nvml::Return result = nvml::kSuccess;
+    info.uuid = ReadString(device_get_uuid, instance, result);
+    MigInstance mig;
+    mig.parent_index = parent.index;
+    mig.parent_uuid = parent.uuid;
+    unsigned int gpu_instance = 0, compute_instance = 0;
+    if (result != nvml::kSuccess || info.uuid.empty() ||
+        device_get_gpu_instance_id(instance, &gpu_instance) != nvml::kSuccess ||
+        device_get_compute_instance_id(instance, &compute_instance) != nvml::kSuccess) {
+      inventory.problems.push_back(fmt::format(
+          "GPU {} MIG device {}: no UUID or instance ids: not offered", parent.index, slot));
+      continue;
+    }
+    mig.gpu_instance_id = gpu_instance;
+    mig.compute_instance_id = compute_instance;
+    if (device_get_name != nullptr) {
+      info.product_name = ReadString(device_get_name, instance, result);
+      if (result != nvml::kSuccess) info.product_name.clear();
+    }
+    info.memory_total_mib = MemoryTotalMib(instance);
+    mig.profile = MigProfileOf(info.product_name);
+    if (mig.profile.empty()) mig.profile = fmt::format("{}gb", info.memory_total_mib / 1024);
+    info.model = fmt::format("{}-MIG-{}", parent.model, mig.profile);
+    info.pci_bus_id = parent.pci_bus_id;
+    // Its GPU's device node, which its neighbours on that GPU open too, and the capabilities of
+    // its own GPU and compute instance, which no other workload may open.
+    info.device_files = parent.device_files;
+    const std::string gi_key = fmt::format("gpu{}/gi{}/access", minor.value_or(0), gpu_instance);
+    const std::string ci_key =
+        fmt::format("gpu{}/gi{}/ci{}/access", minor.value_or(0), gpu_instance, compute_instance);
+    const auto gi_cap = cap_minors.find(gi_key);
+    const auto ci_cap = cap_minors.find(ci_key);
+    if (minor && gi_cap != cap_minors.end() && ci_cap != cap_minors.end()) {
+      info.device_files.push_back(fmt::format("/dev/nvidia-caps/nvidia-cap{}", gi_cap->second));
+      info.device_files.push_back(fmt::format("/dev/nvidia-caps/nvidia-cap{}", ci_cap->second));
+    } else {
+      inventory.problems.push_back(fmt::format(
+          "GPU {} MIG {} (GPU instance {}): no capability minors for it in {}: other workloads "
+          "cannot be kept from opening it",
+          parent.index, mig.profile, gpu_instance, mig_minors_path));
+    }
+    info.mig = std::move(mig);
+    info.index = next_index++;
+    // CUDA runs a process on one MIG instance only: each is an island of its own.
+    info.nvlink_island = next_island++;
+    handles.push_back(instance);
+    record.instances.push_back(inventory.gpus.size());
+    inventory.gpus.push_back(std::move(info));
+  }
+  if (record.instances.empty())
+    inventory.problems.push_back(
+        fmt::format("GPU {} is in MIG mode with no MIG instances: nothing can run on it until "
+                    "some are made (nvidia-smi mig -cgi PROFILES -C)",
+                    parent.index));
+  mig_parents.push_back(std::move(record));
 }
 
 std::vector<int32_t> NvmlBackend::State::NvlinkIslands(
@@ -434,7 +590,14 @@ void NvmlBackend::State::RegisterEvents() {
         "nvmlEventSetCreate failed: {}: XID errors will not be seen", ErrorText(result)));
     return;
   }
+  for (const MigParent& parent : mig_parents) {
+    const nvml::Return result =
+        device_register_events(parent.device, nvml::kEventTypeXidCriticalError, event_set);
+    for (size_t position : parent.instances)
+      inventory.gpus[position].xid_events_supported = result == nvml::kSuccess;
+  }
   for (GpuInfo& gpu : inventory.gpus) {
+    if (gpu.mig) continue;  // registered on its GPU, above
     const nvml::Return result = device_register_events(handles[static_cast<size_t>(gpu.index)],
                                                        nvml::kEventTypeXidCriticalError, event_set);
     gpu.xid_events_supported = result == nvml::kSuccess;
@@ -505,6 +668,13 @@ NvmlBackend::LoadResult NvmlBackend::Load(const NvmlOptions& options) {
   // The v1 call fills the first 24 bytes of the same struct.
   state->ResolveOptional("nvmlEventSetWait_v2", "nvmlEventSetWait", state->event_set_wait);
   state->ResolveOptional("nvmlEventSetFree", state->event_set_free);
+  state->ResolveOptional("nvmlDeviceGetMigMode", state->device_get_mig_mode);
+  state->ResolveOptional("nvmlDeviceGetMaxMigDeviceCount", state->device_get_max_mig_device_count);
+  state->ResolveOptional("nvmlDeviceGetMigDeviceHandleByIndex",
+                         state->device_get_mig_device_handle_by_index);
+  state->ResolveOptional("nvmlDeviceGetGpuInstanceId", state->device_get_gpu_instance_id);
+  state->ResolveOptional("nvmlDeviceGetComputeInstanceId", state->device_get_compute_instance_id);
+  state->mig_minors_path = options.mig_minors_path;
 
   if (const nvml::Return result = state->init_v2(); result != nvml::kSuccess) {
     return {nullptr, fmt::format("nvmlInit_v2 failed: {}. Is the NVIDIA kernel driver loaded?",
@@ -687,6 +857,19 @@ std::vector<XidEvent> NvmlBackend::PollEvents(TimeMs now) {
     const nvml::Return result = s.event_set_wait(s.event_set, &data, 0);
     if (result != nvml::kSuccess) break;  // kErrorTimeout: nothing more queued
     if ((data.event_type & nvml::kEventTypeXidCriticalError) == 0) continue;
+    // On a GPU in MIG mode: the instance it names, or all of them for the whole GPU's errors.
+    if (auto parent =
+            std::find_if(s.mig_parents.begin(), s.mig_parents.end(),
+                         [&](const State::MigParent& p) { return p.device == data.device; });
+        parent != s.mig_parents.end()) {
+      for (size_t position : parent->instances) {
+        const GpuInfo& instance = s.inventory.gpus[position];
+        if (data.gpu_instance_id == nvml::kInvalidInstanceId ||
+            data.gpu_instance_id == instance.mig->gpu_instance_id)
+          events.push_back(XidEvent{instance.index, instance.uuid, data.event_data, now});
+      }
+      continue;
+    }
     const auto handle = std::find(s.handles.begin(), s.handles.end(), data.device);
     if (handle == s.handles.end() || data.device == nullptr) continue;
     const auto index = static_cast<int32_t>(handle - s.handles.begin());

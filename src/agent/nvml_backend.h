@@ -14,6 +14,9 @@ struct NvmlOptions {
   // What dlopen loads. The default is the driver's library on the loader path; tests point this
   // at a fixture.
   std::string library_path = "libnvidia-ml.so.1";
+  // The driver's table of MIG capability device minors ("gpu0/gi1/access 12"): which
+  // /dev/nvidia-caps/nvidia-capN opens each MIG instance.
+  std::string mig_minors_path = "/proc/driver/nvidia-caps/mig-minors";
 };
 
 // Real GPUs through NVML, loaded with dlopen at run time (so the agent builds and starts on

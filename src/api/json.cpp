@@ -598,7 +598,8 @@ void to_json(json& out, const QueueStatus& value) {
              {"gpu_milli_guaranteed", value.gpu_milli_guaranteed},
              {"weight", value.weight},
              {"fair_share_usage_gpu_hours", value.fair_share_usage_gpu_hours},
-             {"fair_share_factor", value.fair_share_factor}};
+             {"fair_share_factor", value.fair_share_factor},
+             {"teams", value.teams}};
   if (value.gpu_milli_borrowing_limit)
     out["gpu_milli_borrowing_limit"] = *value.gpu_milli_borrowing_limit;
 }
@@ -615,6 +616,7 @@ void from_json(const json& in, QueueStatus& value) {
   Read(in, "weight", value.weight);
   Read(in, "fair_share_usage_gpu_hours", value.fair_share_usage_gpu_hours);
   Read(in, "fair_share_factor", value.fair_share_factor);
+  Read(in, "teams", value.teams);
 }
 
 void to_json(json& out, const TokenInfo& value) {
@@ -709,6 +711,7 @@ void to_json(json& out, const TaskLaunch& value) {
              {"job_id", value.job_id},
              {"rank", value.rank},
              {"attempt", value.attempt},
+             {"user", value.user},
              {"argv", value.argv},
              {"env", value.env},
              {"workdir", value.workdir},
@@ -729,6 +732,7 @@ void from_json(const json& in, TaskLaunch& value) {
   Read(in, "job_id", value.job_id);
   Read(in, "rank", value.rank);
   Read(in, "attempt", value.attempt);
+  Read(in, "user", value.user);
   Read(in, "argv", value.argv);
   Read(in, "env", value.env);
   Read(in, "workdir", value.workdir);

@@ -172,6 +172,8 @@ struct QueueStatus {
   double weight = 1.0;
   double fair_share_usage_gpu_hours = 0;
   double fair_share_factor = 1.0;
+  // Who may submit to it (its queues-file `teams`); empty: every team.
+  std::vector<std::string> teams;
 };
 
 // A gateway's token may read deployments' endpoints and report their load, nothing else.
@@ -248,6 +250,9 @@ struct TaskLaunch {
   JobId job_id = 0;
   int32_t rank = 0;
   int32_t attempt = 0;
+  // The platform user who submitted the job: `agent --workload-user mapped` runs the task as
+  // the node's Unix account of that name.
+  std::string user;
   std::vector<std::string> argv;
   // The job's env plus the gang's: MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK,
   // NODE_RANK, LOCAL_WORLD_SIZE (torchrun's names), GPUFLEET_JOB_ID, ...

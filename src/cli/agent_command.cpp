@@ -66,7 +66,8 @@ void AddBackendOptions(CLI::App& command, AgentArgs& args) {
   command
       .add_option("--workload-user", args.workload_user,
                   "Whom workloads run as: per-job (a uid of their own per job, so jobs cannot "
-                  "read each other's files), a user name, agent (the agent's own user: root "
+                  "read each other's files), mapped (the Unix account named like the job's "
+                  "platform user; never root), a user name, agent (the agent's own user: root "
                   "when it is root), auto (per-job for a root agent, else agent)")
       ->capture_default_str();
   command

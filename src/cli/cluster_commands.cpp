@@ -131,6 +131,7 @@ int RunQueues(const ClusterArgs& args, const Client& client) {
     columns.push_back({"BORROW-LIMIT", 0, true});
     columns.push_back({"COHORT"});
     columns.push_back({"WEIGHT", 0, true});
+    columns.push_back({"TEAMS"});
   }
   // Decayed usage and the fair-share factor that orders queues under `--policy fairshare`.
   columns.push_back({"USAGE-GPU-H", 0, true});
@@ -147,6 +148,7 @@ int RunQueues(const ClusterArgs& args, const Client& client) {
                           : "-");
       cells.push_back(queue.cohort.empty() ? "-" : queue.cohort);
       cells.push_back(fmt::format("{:g}", queue.weight));
+      cells.push_back(queue.teams.empty() ? "*" : fmt::format("{}", fmt::join(queue.teams, ",")));
     }
     cells.push_back(fmt::format("{:.2f}", queue.fair_share_usage_gpu_hours));
     cells.push_back(fmt::format("{:.3f}", queue.fair_share_factor));

@@ -30,6 +30,9 @@ struct QueueConfig {
   // A deployment's replicas in this queue may be preempted (by reclaim of borrowed quota, or by
   // higher-priority replicas); by default they never are (docs/serving.md). Server only.
   bool preemptible_replicas = false;
+  // The teams whose people may submit jobs and deployments to this queue (Kueue's
+  // namespaceSelector); empty: every team. Admins may use any queue. Server only.
+  std::vector<std::string> teams;
 
   bool PerModel() const { return !guaranteed_milli_by_model.empty(); }
   friend bool operator==(const QueueConfig&, const QueueConfig&) = default;

@@ -163,6 +163,8 @@ void ApplyDeployment(Impl& s, const HttpRequest& request, const Caller& caller,
     return respond(HttpResponse::Error(400, "autoscaling: " + *why));
   if (auto unknown = UnknownQueue(s.options, spec->queue))
     return respond(HttpResponse::Error(422, *unknown));
+  if (auto closed = QueueClosedTo(s.options, spec->queue, caller))
+    return respond(HttpResponse::Error(403, *closed));
   std::lock_guard lock(s.mu);
   if (RefuseMutationLocked(s, respond)) return;
   const TimeMs now = WallMs();

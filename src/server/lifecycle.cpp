@@ -274,6 +274,7 @@ api::TaskLaunch MakeTaskLaunch(const JobRecord& job, int32_t rank, const std::st
   launch.job_id = job.id;
   launch.rank = rank;
   launch.attempt = job.attempt;
+  launch.user = job.user;
   launch.argv = job.spec.command;
   launch.workdir = job.spec.workdir;
   launch.gpu_indices = task.gpu_indices;

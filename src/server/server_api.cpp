@@ -68,6 +68,16 @@ std::optional<std::string> UnknownQueue(const ServerOptions& options, std::strin
   return fmt::format("queue '{}' does not exist; the queues are {}", name, fmt::join(names, ", "));
 }
 
+std::optional<std::string> QueueClosedTo(const ServerOptions& options, std::string_view name,
+                                         const Caller& caller) {
+  const sched::QueueConfig* queue = FindQueue(options, name);
+  if (!queue || queue->teams.empty() || caller.admin() ||
+      std::find(queue->teams.begin(), queue->teams.end(), caller.info.team) != queue->teams.end())
+    return std::nullopt;
+  return fmt::format("queue '{}' is for team(s) {}; team '{}' may not submit to it", name,
+                     fmt::join(queue->teams, ", "), caller.info.team);
+}
+
 namespace {
 
 using api::JobRecord;
@@ -233,6 +243,8 @@ void SubmitJob(Impl& s, const HttpRequest& request, const Caller& caller, HttpRe
   if (!spec) return respond(HttpResponse::Error(400, error));
   if (auto unknown = UnknownQueue(s.options, spec->queue))
     return respond(HttpResponse::Error(422, *unknown));
+  if (auto closed = QueueClosedTo(s.options, spec->queue, caller))
+    return respond(HttpResponse::Error(403, *closed));
   if (spec->name.empty()) spec->name = DefaultName(spec->command);
   std::lock_guard lock(s.mu);
   if (RefuseMutationLocked(s, respond)) return;
@@ -489,6 +501,7 @@ std::map<std::string, api::QueueStatus> QueueStatusesLocked(Impl& s) {
     }
     queue.gpu_milli_borrowing_limit = config.borrowing_limit_milli;
     queue.weight = config.weight;
+    queue.teams = config.teams;
   }
   // Only the pending and active jobs are visited: `top` asks every two seconds, and the job
   // history may hold hundreds of thousands.

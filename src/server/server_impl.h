@@ -341,5 +341,8 @@ const sched::QueueConfig* FindQueue(const ServerOptions& options, std::string_vi
 // Why a job or deployment may not name this queue ("queue 'x' does not exist; the queues are
 // ..."), or nothing: every name is good without a queues file.
 std::optional<std::string> UnknownQueue(const ServerOptions& options, std::string_view name);
+// Why this caller's team may not use the queue (it lists other teams), or nothing.
+std::optional<std::string> QueueClosedTo(const ServerOptions& options, std::string_view name,
+                                         const Caller& caller);
 
 }  // namespace gpufleet::server

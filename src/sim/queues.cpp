@@ -59,6 +59,12 @@ std::vector<QueueEntry> ParseQueues(const YAML::Node& list, bool allow_members) 
         queue.reclaim_idle = value.as<bool>();
       } else if (key == "preemptible_replicas") {
         queue.preemptible_replicas = value.as<bool>();
+      } else if (key == "teams") {
+        if (!value.IsSequence()) Fail(value, "teams must be a list of team names");
+        for (const YAML::Node& team : value) {
+          queue.teams.push_back(team.as<std::string>());
+          if (queue.teams.back().empty()) Fail(team, "a team name must not be empty");
+        }
       } else if (key == "members" && allow_members) {
         entry.members = value.as<std::vector<std::string>>();
       } else {

@@ -1,7 +1,9 @@
 // The NVML backend against a missing library, a library that is not NVML, and the test fixture
 // gpu_nvml_fake_fixture.cpp (full and minimal builds), loaded by path.
 #include <algorithm>
+#include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <dlfcn.h>
@@ -28,6 +30,10 @@ class FakeNvml {
         reinterpret_cast<void (*)(unsigned int)>(dlsym(handle_, "gpufleet_fake_nvml_set_lost"));
     push_xid_ = reinterpret_cast<void (*)(unsigned int, unsigned long long)>(
         dlsym(handle_, "gpufleet_fake_nvml_push_xid"));
+    set_mig_gpu_ =
+        reinterpret_cast<void (*)(int)>(dlsym(handle_, "gpufleet_fake_nvml_set_mig_gpu"));
+    push_mig_xid_ = reinterpret_cast<void (*)(unsigned int, unsigned int, unsigned long long)>(
+        dlsym(handle_, "gpufleet_fake_nvml_push_mig_xid"));
   }
   ~FakeNvml() {
     if (handle_ != nullptr) dlclose(handle_);
@@ -40,6 +46,10 @@ class FakeNvml {
   void SetInitResult(unsigned int result) { set_init_result_(result); }
   void SetLost(unsigned int gpu) { set_lost_(gpu); }
   void PushXid(unsigned int gpu, unsigned long long xid) { push_xid_(gpu, xid); }
+  void SetMigGpu(int gpu) { set_mig_gpu_(gpu); }
+  void PushMigXid(unsigned int gpu, unsigned int gpu_instance, unsigned long long xid) {
+    push_mig_xid_(gpu, gpu_instance, xid);
+  }
 
  private:
   void* handle_;
@@ -47,6 +57,8 @@ class FakeNvml {
   void (*set_init_result_)(unsigned int) = nullptr;
   void (*set_lost_)(unsigned int) = nullptr;
   void (*push_xid_)(unsigned int, unsigned long long) = nullptr;
+  void (*set_mig_gpu_)(int) = nullptr;
+  void (*push_mig_xid_)(unsigned int, unsigned int, unsigned long long) = nullptr;
 };
 
 std::unique_ptr<NvmlBackend> LoadOrFail(const char* path) {
@@ -102,8 +114,9 @@ TEST_F(NvmlBackendTest, DiscoversGpusWithTheirIdentityAndNvlinkIslands) {
   EXPECT_EQ(first.product_name, "NVIDIA H100 80GB HBM3");
   EXPECT_EQ(first.model, "H100-80GB");
   EXPECT_EQ(first.pci_bus_id, "00000000:18:00.0");
-  EXPECT_EQ(first.device_file, "/dev/nvidia1");  // by minor number, not index
-  EXPECT_EQ(inventory.gpus[4].device_file, "/dev/nvidia0");
+  EXPECT_THAT(first.device_files, ElementsAre("/dev/nvidia1"));  // by minor number, not index
+  EXPECT_THAT(inventory.gpus[4].device_files, ElementsAre("/dev/nvidia0"));
+  EXPECT_FALSE(first.mig.has_value());
   EXPECT_EQ(first.memory_total_mib, 81559);
   EXPECT_EQ(first.power_limit_w, 700.0);
   EXPECT_TRUE(first.xid_events_supported);
@@ -228,8 +241,8 @@ TEST(NvmlMinimalDriverTest, MissingFunctionsMeanNotSupportedNeverACrash) {
   ASSERT_EQ(inventory.gpus.size(), 5U);
   EXPECT_EQ(inventory.gpus[0].product_name, "");
   EXPECT_EQ(inventory.gpus[0].model, "unknown");
-  EXPECT_EQ(inventory.gpus[0].device_file, "");          // no minor number: unknown
-  EXPECT_EQ(inventory.gpus[0].memory_total_mib, 81559);  // from the v1 memory call
+  EXPECT_THAT(inventory.gpus[0].device_files, ElementsAre());  // no minor number: unknown
+  EXPECT_EQ(inventory.gpus[0].memory_total_mib, 81559);        // from the v1 memory call
   EXPECT_FALSE(inventory.gpus[0].power_limit_w.has_value());
   EXPECT_FALSE(inventory.gpus[0].xid_events_supported);
   std::vector<int32_t> islands;
@@ -246,6 +259,87 @@ TEST(NvmlMinimalDriverTest, MissingFunctionsMeanNotSupportedNeverACrash) {
   EXPECT_FALSE(sample.process_ids.has_value());
   EXPECT_THAT(sample.warnings, ElementsAre());
   EXPECT_THAT(backend->PollEvents(0), ElementsAre());
+}
+
+// A GPU in MIG mode is offered as its instances, each a device of its own: a MIG UUID, its
+// profile in the model key, its own island, and the capability files that open it.
+TEST_F(NvmlBackendTest, AGpuInMigModeIsOfferedAsItsInstances) {
+  fake_.SetMigGpu(3);
+  const std::string minors = ::testing::TempDir() + "/mig-minors";
+  {
+    std::ofstream file(minors);
+    // GPU 3's minor number is 4 in the fixture.
+    file << "config 1\nmonitor 2\ngpu4/gi1/access 30\ngpu4/gi1/ci0/access 31\n"
+            "gpu4/gi9/access 66\ngpu4/gi9/ci0/access 67\ngpu1/gi1/access 3\n";
+  }
+  NvmlBackend::LoadResult loaded = NvmlBackend::Load(NvmlOptions{GPUFLEET_FAKE_NVML, minors});
+  ASSERT_EQ(loaded.error, "");
+  NvmlBackend& backend = *loaded.backend;
+  const GpuInventory inventory = backend.Discover();
+  EXPECT_THAT(inventory.problems, ElementsAre());
+  std::vector<int32_t> indices;
+  for (const GpuInfo& gpu : inventory.gpus)
+    indices.push_back(gpu.index);
+  EXPECT_THAT(indices, ElementsAre(0, 1, 2, 4, 5, 6));  // GPU 3 whole is gone
+  const GpuInfo& big = inventory.gpus[4];
+  const GpuInfo& small = inventory.gpus[5];
+  EXPECT_EQ(big.uuid, "MIG-11111111-2222-3333-4444-000000000000");
+  EXPECT_EQ(small.uuid, "MIG-11111111-2222-3333-4444-000000000002");
+  EXPECT_EQ(big.model, "H100-80GB-MIG-3g.40gb");
+  EXPECT_EQ(small.model, "H100-80GB-MIG-1g.10gb");
+  EXPECT_EQ(big.product_name, "NVIDIA H100 80GB HBM3 MIG 3g.40gb");
+  EXPECT_EQ(big.memory_total_mib, 40192);
+  EXPECT_EQ(small.memory_total_mib, 9856);
+  ASSERT_TRUE(big.mig && small.mig);
+  EXPECT_EQ(big.mig->parent_index, 3);
+  EXPECT_EQ(big.mig->parent_uuid, "GPU-00000000-1111-2222-3333-000000000003");
+  EXPECT_EQ(big.mig->gpu_instance_id, 1u);
+  EXPECT_EQ(small.mig->gpu_instance_id, 9u);
+  EXPECT_EQ(small.mig->profile, "1g.10gb");
+  EXPECT_THAT(big.device_files, ElementsAre("/dev/nvidia4", "/dev/nvidia-caps/nvidia-cap30",
+                                            "/dev/nvidia-caps/nvidia-cap31"));
+  EXPECT_THAT(small.device_files, ElementsAre("/dev/nvidia4", "/dev/nvidia-caps/nvidia-cap66",
+                                              "/dev/nvidia-caps/nvidia-cap67"));
+  EXPECT_EQ(big.pci_bus_id, "00000000:48:00.0");  // its GPU's
+  // GPUs 0-1 and 2 keep their islands; each instance is alone on one.
+  EXPECT_EQ(inventory.gpus[2].nvlink_island, 1);
+  EXPECT_EQ(big.nvlink_island, 3);
+  EXPECT_EQ(small.nvlink_island, 4);
+
+  // Samples are the instance's own (memory); what NVML does not report per instance is absent.
+  const GpuSample sample = backend.Sample(5, 0);
+  EXPECT_EQ(sample.status, SampleStatus::kOk);
+  EXPECT_EQ(sample.memory_used_mib, 13);
+  EXPECT_FALSE(sample.utilization_percent.has_value());
+  EXPECT_THAT(sample.warnings, ElementsAre());
+  EXPECT_EQ(backend.Sample(3, 0).status, SampleStatus::kUnknownGpu);
+
+  // An XID of GPU instance 9 is its instance's; one of the whole GPU is both instances'.
+  fake_.PushMigXid(3, 9, 31);
+  fake_.PushXid(3, 79);
+  std::vector<std::pair<int32_t, uint64_t>> events;
+  for (const XidEvent& event : backend.PollEvents(0))
+    events.emplace_back(event.gpu_index, event.xid);
+  EXPECT_THAT(events,
+              ElementsAre(std::pair<int32_t, uint64_t>{6, 31}, std::pair<int32_t, uint64_t>{5, 79},
+                          std::pair<int32_t, uint64_t>{6, 79}));
+}
+
+TEST_F(NvmlBackendTest, MigInstancesWithoutCapabilityMinorsAreNamedAsNotFencedOff) {
+  fake_.SetMigGpu(0);
+  NvmlBackend::LoadResult loaded =
+      NvmlBackend::Load(NvmlOptions{GPUFLEET_FAKE_NVML, "/nonexistent/mig-minors"});
+  ASSERT_EQ(loaded.error, "");
+  const GpuInventory inventory = loaded.backend->Discover();
+  ASSERT_EQ(inventory.gpus.size(), 6u);
+  EXPECT_THAT(inventory.gpus[4].device_files, ElementsAre("/dev/nvidia1"));
+  ASSERT_EQ(inventory.problems.size(), 2u);
+  EXPECT_THAT(inventory.problems[0],
+              HasSubstr("GPU 0 MIG 3g.40gb (GPU instance 1): no capability minors for it in "
+                        "/nonexistent/mig-minors"));
+  // GPU 1 was joined to GPU 0 by NVLink; alone now.
+  EXPECT_EQ(inventory.gpus[0].index, 1);
+  EXPECT_NE(inventory.gpus[0].nvlink_island, inventory.gpus[1].nvlink_island);
 }
 
 TEST(GpuModelKeyTest, KnownProductNamesMapToModelKeys) {

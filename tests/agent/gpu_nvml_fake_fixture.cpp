@@ -10,8 +10,13 @@
 //
 // Five GPUs: 0 and 1 joined by a direct NVLink, 2 and 3 joined through two NVSwitches, 4 without
 // NVLink (an L40S). Control functions (gpufleet_fake_nvml_*) let the test inject faults.
+//
+// MIG: one H100 may be put in MIG mode (gpufleet_fake_nvml_set_mig_gpu, or the environment's
+// GPUFLEET_FAKE_NVML_MIG_GPU for tests through the real agent). It then holds two instances, a
+// 3g.40gb in slot 0 (GPU instance 1) and a 1g.10gb in slot 2 (GPU instance 9), slot 1 empty.
 #include <cstddef>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 
@@ -24,6 +29,7 @@ constexpr nvmlReturn kSuccess = 0;
 constexpr nvmlReturn kInvalidArgument = 2;
 constexpr nvmlReturn kNotSupported = 3;
 constexpr nvmlReturn kNoPermission = 4;
+constexpr nvmlReturn kNotFound = 6;
 constexpr nvmlReturn kInsufficientSize = 7;
 constexpr nvmlReturn kTimeout = 10;
 constexpr nvmlReturn kGpuIsLost = 15;
@@ -35,6 +41,16 @@ struct FakeGpu {
 FakeGpu fake_gpus[5] = {{0}, {1}, {2}, {3}, {4}};
 constexpr unsigned int kGpuCount = 5;
 constexpr unsigned int kLinksPerGpu = 4;
+
+struct FakeMig {
+  unsigned int slot;
+  unsigned int gpu_instance;
+  const char* profile;
+  unsigned long long memory_mib;
+};
+constexpr FakeMig kMigs[2] = {{0, 1, "3g.40gb", 40192}, {2, 9, "1g.10gb", 9856}};
+FakeGpu mig_handles[2] = {{100}, {101}};
+int mig_gpu = -1;  // the GPU in MIG mode; -1: none
 
 struct PciInfo {
   char busIdLegacy[16];
@@ -87,6 +103,7 @@ static_assert(sizeof(EventData) == 32);
 struct FakeEvent {
   unsigned int gpu;
   unsigned long long xid;
+  unsigned int gpu_instance;
 };
 
 nvmlReturn init_result = kSuccess;
@@ -101,10 +118,18 @@ int IndexOf(const FakeGpu* device) {
   return -1;
 }
 
-// Common checks: a valid handle of a GPU that is still there.
+// The MIG instance a handle is, or nullptr.
+[[maybe_unused]] const FakeMig* MigOf(const FakeGpu* device) {
+  for (int i = 0; i < 2; ++i)
+    if (mig_gpu >= 0 && device == &mig_handles[i]) return &kMigs[i];
+  return nullptr;
+}
+
+// Common checks: a valid handle of a GPU that is still there. A MIG instance supports only what
+// answers for it explicitly.
 nvmlReturn Check(const FakeGpu* device) {
   const int index = IndexOf(device);
-  if (index < 0) return kInvalidArgument;
+  if (index < 0) return MigOf(device) != nullptr ? kNotSupported : kInvalidArgument;
   return lost[index] ? kGpuIsLost : kSuccess;
 }
 
@@ -133,6 +158,14 @@ FAKE_EXPORT void gpufleet_fake_nvml_reset() {
   for (bool& gpu_lost : lost)
     gpu_lost = false;
   events.clear();
+  mig_gpu = -1;
+}
+FAKE_EXPORT void gpufleet_fake_nvml_set_mig_gpu(int gpu) {
+  mig_gpu = gpu;
+}
+FAKE_EXPORT void gpufleet_fake_nvml_push_mig_xid(unsigned int gpu, unsigned int gpu_instance,
+                                                 unsigned long long xid) {
+  events.push_back({gpu, xid, gpu_instance});
 }
 FAKE_EXPORT void gpufleet_fake_nvml_set_init_result(unsigned int result) {
   init_result = result;
@@ -141,12 +174,13 @@ FAKE_EXPORT void gpufleet_fake_nvml_set_lost(unsigned int gpu) {
   lost[gpu] = true;
 }
 FAKE_EXPORT void gpufleet_fake_nvml_push_xid(unsigned int gpu, unsigned long long xid) {
-  events.push_back({gpu, xid});
+  events.push_back({gpu, xid, 0xFFFFFFFF});
 }
 
 // --- NVML: the functions every build exports ----------------------------------------------------
 
 FAKE_EXPORT nvmlReturn nvmlInit_v2() {
+  if (const char* gpu = std::getenv("GPUFLEET_FAKE_NVML_MIG_GPU")) mig_gpu = std::atoi(gpu);
   return init_result;
 }
 FAKE_EXPORT nvmlReturn nvmlShutdown() {
@@ -162,6 +196,10 @@ FAKE_EXPORT nvmlReturn nvmlDeviceGetHandleByIndex_v2(unsigned int index, FakeGpu
   return kSuccess;
 }
 FAKE_EXPORT nvmlReturn nvmlDeviceGetUUID(FakeGpu* device, char* uuid, unsigned int length) {
+  if (const FakeMig* mig = MigOf(device)) {
+    std::snprintf(uuid, length, "MIG-11111111-2222-3333-4444-00000000000%u", mig->slot);
+    return kSuccess;
+  }
   if (const nvmlReturn result = Check(device); result != kSuccess) return result;
   std::snprintf(uuid, length, "GPU-00000000-1111-2222-3333-00000000000%d", IndexOf(device));
   return kSuccess;
@@ -203,6 +241,10 @@ FAKE_EXPORT nvmlReturn nvmlSystemGetDriverVersion(char* version, unsigned int le
   return kSuccess;
 }
 FAKE_EXPORT nvmlReturn nvmlDeviceGetName(FakeGpu* device, char* name, unsigned int length) {
+  if (const FakeMig* mig = MigOf(device)) {
+    std::snprintf(name, length, "NVIDIA H100 80GB HBM3 MIG %s", mig->profile);
+    return kSuccess;
+  }
   if (const nvmlReturn result = Check(device); result != kSuccess) return result;
   std::snprintf(name, length, "%s", IndexOf(device) == 4 ? "NVIDIA L40S" : "NVIDIA H100 80GB HBM3");
   return kSuccess;
@@ -220,8 +262,15 @@ FAKE_EXPORT nvmlReturn nvmlDeviceGetPciInfo_v3(FakeGpu* device, PciInfo* pci) {
   return kSuccess;
 }
 FAKE_EXPORT nvmlReturn nvmlDeviceGetMemoryInfo_v2(FakeGpu* device, MemoryV2* memory) {
-  if (const nvmlReturn result = Check(device); result != kSuccess) return result;
   if (memory->version != (sizeof(MemoryV2) | (2U << 24))) return kArgumentVersionMismatch;
+  if (const FakeMig* mig = MigOf(device)) {
+    memory->total = mig->memory_mib << 20;
+    memory->reserved = 0;
+    memory->used = 13ULL << 20;
+    memory->free = memory->total - memory->used;
+    return kSuccess;
+  }
+  if (const nvmlReturn result = Check(device); result != kSuccess) return result;
   memory->total = MemoryBytes(IndexOf(device));
   memory->reserved = 512ULL << 20;
   memory->used = (2048ULL + static_cast<unsigned long long>(IndexOf(device))) << 20;
@@ -344,8 +393,43 @@ FAKE_EXPORT nvmlReturn nvmlEventSetWait_v2(int* set, EventData* data, unsigned i
   data->device = &fake_gpus[event.gpu];
   data->eventType = 0x8;
   data->eventData = event.xid;
-  data->gpuInstanceId = 0xFFFFFFFF;
+  data->gpuInstanceId = event.gpu_instance;
   data->computeInstanceId = 0xFFFFFFFF;
+  return kSuccess;
+}
+FAKE_EXPORT nvmlReturn nvmlDeviceGetMigMode(FakeGpu* device, unsigned int* current,
+                                            unsigned int* pending) {
+  if (const nvmlReturn result = Check(device); result != kSuccess) return result;
+  if (IndexOf(device) == 4) return kNotSupported;  // the L40S has no MIG
+  *current = *pending = IndexOf(device) == mig_gpu ? 1 : 0;
+  return kSuccess;
+}
+FAKE_EXPORT nvmlReturn nvmlDeviceGetMaxMigDeviceCount(FakeGpu* device, unsigned int* count) {
+  if (const nvmlReturn result = Check(device); result != kSuccess) return result;
+  *count = IndexOf(device) == 4 ? 0 : 7;
+  return kSuccess;
+}
+FAKE_EXPORT nvmlReturn nvmlDeviceGetMigDeviceHandleByIndex(FakeGpu* device, unsigned int index,
+                                                           FakeGpu** mig) {
+  if (const nvmlReturn result = Check(device); result != kSuccess) return result;
+  if (IndexOf(device) != mig_gpu) return kInvalidArgument;  // not in MIG mode
+  for (int i = 0; i < 2; ++i) {
+    if (kMigs[i].slot == index) {
+      *mig = &mig_handles[i];
+      return kSuccess;
+    }
+  }
+  return kNotFound;
+}
+FAKE_EXPORT nvmlReturn nvmlDeviceGetGpuInstanceId(FakeGpu* device, unsigned int* id) {
+  const FakeMig* mig = MigOf(device);
+  if (mig == nullptr) return kInvalidArgument;
+  *id = mig->gpu_instance;
+  return kSuccess;
+}
+FAKE_EXPORT nvmlReturn nvmlDeviceGetComputeInstanceId(FakeGpu* device, unsigned int* id) {
+  if (MigOf(device) == nullptr) return kInvalidArgument;
+  *id = 0;
   return kSuccess;
 }
 FAKE_EXPORT nvmlReturn nvmlEventSetFree(int* set) {

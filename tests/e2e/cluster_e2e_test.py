@@ -321,8 +321,8 @@ def test_quota_reclaim_checkpoints_and_requeues(gpufleet):
         check(status == 422 and "team-a, team-b" in body.get("error", ""),
               f"unknown queue: {status} {body}")
         listed = cluster.cli("queues").stdout
-        check(re.search(r"^team-a\s.*\s1\s+-\s+lab\s+1\s+0\.00\s+1\.000$", listed, re.MULTILINE),
-              f"queues: {listed!r}")
+        check(re.search(r"^team-a\s.*\s1\s+-\s+lab\s+1\s+\*\s+0\.00\s+1\.000$", listed,
+                        re.MULTILINE), f"queues: {listed!r}")
 
         kept = cluster.submit({"command": ["sleep", "300"], "gpus": 1, "queue": "team-a"},
                               alice)

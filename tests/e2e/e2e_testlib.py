@@ -97,14 +97,15 @@ class Cluster:
         self.admin_token = ""
         self.agents = {}
         self.agent_dirs = []
+        self.gateways = []
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        for agent in self.agents.values():
-            if agent.process.poll() is None:
-                agent.process.kill()
+        for process in [*self.agents.values(), *self.gateways]:
+            if process.process.poll() is None:
+                process.process.kill()
         if self.server and self.server.process.poll() is None:
             self.server.process.kill()
         for data_dir in self.agent_dirs:
@@ -181,6 +182,22 @@ class Cluster:
         wait_until(lambda: any(node["report"]["name"] == name and node["state"] == "ready"
                                for node in self.nodes()), 20, f"node {name} ready")
         return agent
+
+    def start_gateway(self, *extra_args):
+        """A `gpufleet gateway --server` with a gateway token of its own (`.token`), listening on
+        loopback at `.url`."""
+        token = self.token(f"gw-{len(self.gateways) + 1}", "", "gateway")
+        token_file = os.path.join(self.root, f"gateway-{len(self.gateways) + 1}.token")
+        with open(token_file, "w") as file:
+            file.write(token + "\n")
+        gateway = Process([self.gpufleet, "gateway", "--server", self.url, "--token-file",
+                           token_file, "--listen", "127.0.0.1:0", *extra_args],
+                          os.path.join(self.root, f"gateway-{len(self.gateways) + 1}.log"),
+                          "gateway")
+        self.gateways.append(gateway)
+        gateway.url = gateway.read_until(r"listening on (http://[\d.:]+)").group(1)
+        gateway.token = token
+        return gateway
 
     def nodes(self):
         status, body = api(self.url, self.admin_token, "GET", "/api/v1/nodes")

@@ -352,15 +352,9 @@ def test_gateway_of_a_server_and_agents(gpufleet):
         cluster.start_server()
         cluster.start_agent("node-a", address="127.0.0.2")
         cluster.start_agent("node-b", address="127.0.0.3")
-        gateway_token = cluster.token("gw-1", "", "gateway")
-        token_file = os.path.join(cluster.root, "gateway.token")
-        with open(token_file, "w") as file:
-            file.write(gateway_token + "\n")
-        gateway = Process([gpufleet, "gateway", "--server", cluster.url, "--token-file",
-                           token_file, "--listen", "127.0.0.1:0"],
-                          os.path.join(cluster.root, "gateway.log"), "gateway")
+        gateway = cluster.start_gateway()
+        gateway_token, url = gateway.token, gateway.url
         try:
-            url = gateway.read_until(r"listening on (http://[\d.:]+)").group(1)
             alice = cluster.token("alice", "vision")
             status, body = api(cluster.url, alice, "POST", "/api/v1/deployments", {
                 "name": "static", "gpus": 3, "min_replicas": 2, "max_replicas": 2,
@@ -429,16 +423,10 @@ def test_serving_dashboard_in_prometheus(gpufleet):
     with Cluster(gpufleet, "serving-dashboard") as cluster:
         cluster.start_server()
         cluster.start_agent("node-a")
-        gateway_token = cluster.token("gw-1", "", "gateway")
-        token_file = os.path.join(cluster.root, "gateway.token")
-        with open(token_file, "w") as file:
-            file.write(gateway_token + "\n")
-        gateway = Process([gpufleet, "gateway", "--server", cluster.url, "--token-file",
-                           token_file, "--listen", "127.0.0.1:0", "--eject-after", "2"],
-                          os.path.join(cluster.root, "gateway.log"), "gateway")
+        gateway = cluster.start_gateway("--eject-after", "2")
+        url = gateway.url
         server = None
         try:
-            url = gateway.read_until(r"listening on (http://[\d.:]+)").group(1)
             alice = cluster.token("alice", "vision")
             status, body = api(cluster.url, alice, "POST", "/api/v1/deployments", {
                 "name": "chat", "gpus": 1, "min_replicas": 2, "max_replicas": 2,

@@ -6,6 +6,7 @@ Usage: security_test.py path/to/gpufleet [test-name ...]"""
 
 import json
 import os
+import pwd
 import re
 import socket
 import stat
@@ -348,11 +349,20 @@ exec "$@"
 """
 
 
+def start_isolating_nvml_agent(cluster, name, dev_setup):
+    """A root agent on the fake NVML, with per-job users and mount namespaces, in a mount
+    namespace of its own set up by `dev_setup` (a shell script that ends by exec'ing its
+    arguments)."""
+    return cluster.start_agent(
+        name, gpus=None, extra_args=["--nvml-library", os.environ["GPUFLEET_FAKE_NVML"],
+                                     "--workload-user", "auto", "--workload-isolation", "auto"],
+        wrapper=["unshare", "--mount", "--propagation", "private", "sh", "-c", dev_setup, "sh"])
+
+
 def test_other_gpus_device_files_are_hidden(gpufleet):
     """On an NVML node with a root agent, a workload can open only its own GPUs' /dev/nvidiaN
     (named by NVML's minor numbers), and has a private /tmp and /dev/shm: the node's files there
     are out of its sight and what it writes there stays its own."""
-    fake_nvml = os.environ["GPUFLEET_FAKE_NVML"]
     with Cluster(gpufleet, "devices") as cluster:
         os.chmod(cluster.root, 0o711)
         planted = os.path.join(tempfile.gettempdir(), f"gpufleet-node-file-{os.getpid()}")
@@ -361,12 +371,7 @@ def test_other_gpus_device_files_are_hidden(gpufleet):
         os.chmod(planted, 0o644)
         try:
             cluster.start_server()
-            agent = cluster.start_agent(
-                "node-d", gpus=None, extra_args=["--nvml-library", fake_nvml,
-                                                 "--workload-user", "auto",
-                                                 "--workload-isolation", "auto"],
-                wrapper=["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                         FAKE_DEV_SETUP, "sh"])
+            agent = start_isolating_nvml_agent(cluster, "node-d", FAKE_DEV_SETUP)
             check("backend nvml" in agent.output and
                   "workload isolation mount namespace" in agent.output, f"{agent.output}")
             probe = ("echo $CUDA_VISIBLE_DEVICES; for minor in 0 1 2 3 4; do "
@@ -395,6 +400,244 @@ def test_other_gpus_device_files_are_hidden(gpufleet):
             os.unlink(planted)
 
 
+# test_mig_instances_are_devices_of_their_own: the fake NVML puts GPU 3 (minor 4) in MIG mode
+# with a 3g.40gb (GPU instance 1) and a 1g.10gb (GPU instance 9); the driver's capability files
+# for them, and its table of their minors, which the agent reads from /proc/driver.
+MIG_DEV_SETUP = FAKE_DEV_SETUP.replace('mount --bind "$dev" /dev', """mkdir "$dev/nvidia-caps"
+for cap in 30 31 66 67; do echo "cap $cap" > "$dev/nvidia-caps/nvidia-cap$cap"; done
+chmod 666 "$dev"/nvidia-caps/*
+driver=$(mktemp -d)
+mkdir "$driver/nvidia-caps"
+printf '%s\\n' 'config 1' 'monitor 2' 'gpu4/gi1/access 30' 'gpu4/gi1/ci0/access 31' \\
+    'gpu4/gi9/access 66' 'gpu4/gi9/ci0/access 67' > "$driver/nvidia-caps/mig-minors"
+mount --bind "$driver" /proc/driver
+export GPUFLEET_FAKE_NVML_MIG_GPU=3
+mount --bind "$dev" /dev""")
+
+
+def test_mig_instances_are_devices_of_their_own(gpufleet):
+    """A GPU in MIG mode is offered as its MIG instances: the server sees them as GPUs of their
+    own model ("H100-80GB-MIG-1g.10gb"), a job that asks for that model gets one instance by its
+    MIG UUID in CUDA_VISIBLE_DEVICES, and it can open its GPU's node and its own instance's
+    capability files but not the other instance's, nor any other GPU."""
+    with Cluster(gpufleet, "mig") as cluster:
+        os.chmod(cluster.root, 0o711)
+        cluster.start_server()
+        agent = start_isolating_nvml_agent(cluster, "node-g", MIG_DEV_SETUP)
+        check("cannot be kept from opening" not in agent.output, f"startup: {agent.output}")
+        gpus = next(node for node in cluster.nodes()
+                    if node["report"]["name"] == "node-g")["report"]["gpus"]
+        models = sorted(gpu["model"] for gpu in gpus)
+        check(models == ["H100-80GB", "H100-80GB", "H100-80GB", "H100-80GB-MIG-1g.10gb",
+                         "H100-80GB-MIG-3g.40gb", "L40S"], f"the server sees {models}")
+        probe = ("echo $CUDA_VISIBLE_DEVICES; for file in nvidia0 nvidia1 nvidia2 nvidia3 "
+                 "nvidia4 nvidia-caps/nvidia-cap30 nvidia-caps/nvidia-cap31 "
+                 "nvidia-caps/nvidia-cap66 nvidia-caps/nvidia-cap67; do "
+                 "cat /dev/$file 2>/dev/null || echo \"refused $file\"; done")
+        job = cluster.submit({"command": ["sh", "-c", probe], "gpus": 1,
+                              "gpu_model": ["H100-80GB-MIG-1g.10gb"]})
+        cluster.wait_state(job["id"], "succeeded")
+        lines = wait_until(lambda: (lambda text: text.split("\n")[:-1]
+                                    if text.count("\n") >= 10 else None)(
+            cluster.logs(job["id"])), 10, "the probe's lines")
+        check(lines[0] == "MIG-11111111-2222-3333-4444-000000000002",
+              f"CUDA_VISIBLE_DEVICES: {lines[0]}")
+        check(lines[1:] == ["refused nvidia0", "refused nvidia1", "refused nvidia2",
+                            "refused nvidia3", "gpu file 4",
+                            "refused nvidia-caps/nvidia-cap30",
+                            "refused nvidia-caps/nvidia-cap31", "cap 66", "cap 67"],
+              f"device files: {lines[1:]}")
+        status, text = http("GET", agent.url + "/metrics")
+        check('GPU_I_PROFILE="1g.10gb",GPU_I_ID="9"' in text, "MIG labels in the metrics")
+
+
+def test_platform_users_run_as_their_unix_accounts(gpufleet):
+    """`--workload-user mapped`: a job runs as the node's Unix account named like the platform
+    user who submitted it, with its groups and no new privileges. A platform user with no account
+    there, and one whose account is root, are refused at launch with the reason, and nothing of
+    theirs runs."""
+    with Cluster(gpufleet, "mapped") as cluster:
+        os.chmod(cluster.root, 0o711)  # passable by others, as /var/lib is
+        cluster.start_server()
+        agent = cluster.start_agent("node-m", extra_args=["--workload-user", "mapped"])
+        check("named like the jobs' platform users" in agent.output, f"startup: {agent.output}")
+        nobody = pwd.getpwnam("nobody")
+        job = cluster.submit({"command": ["sh", "-c", "id -u; id -g; id -un; grep NoNewPrivs "
+                                          "/proc/self/status; test -O \"$TMPDIR\" && echo own"],
+                              "gpus": 1}, token=cluster.token("nobody", "ops"))
+        cluster.wait_state(job["id"], "succeeded")
+        lines = cluster.logs(job["id"]).split("\n")
+        check(lines[:3] == [str(nobody.pw_uid), str(nobody.pw_gid), "nobody"], f"id: {lines}")
+        check(re.fullmatch(r"NoNewPrivs:\s+1", lines[3]) and lines[4] == "own", f"{lines}")
+        for user, why in (("root", "platform user 'root' maps to uid 0 (root)"),
+                          ("no-such-account-q", "'no-such-account-q' has no Unix account on "
+                                                "node-m")):
+            marker = os.path.join(cluster.root, f"ran-as-{user}")
+            job = cluster.submit({"command": ["touch", marker], "gpus": 1},
+                                 token=cluster.token(user, "ops"))
+            failed = cluster.wait_state(job["id"], "failed")
+            check(why in json.dumps(failed), f"job of {user}: {failed}")
+            check(not os.path.exists(marker), f"{user}'s command ran")
+
+
+SERVER_SOURCES = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src",
+                               "server", name) for name in ("server_api.cpp", "deployments.cpp")]
+
+
+def api_routes():
+    """Every /api/v1 route the server registers, read from its sources, so that a route added
+    without a team-isolation case here fails the test below."""
+    routes = set()
+    for path in SERVER_SOURCES:
+        with open(path) as file:
+            routes |= set(re.findall(r'(?:api\(|\{)"(GET|POST|DELETE)", "(/api/v1/[^"]*)"',
+                                     file.read()))
+    check(len(routes) >= 20, f"found only {len(routes)} routes in {SERVER_SOURCES}")
+    return routes
+
+
+def test_teams_see_and_touch_only_their_own(gpufleet):
+    """Bob (team speech) has a running job with a secret in its env and its output, a finished
+    job, a deployment at zero replicas and a queue for his team. Alice (team vision) calls every
+    /api/v1 route and the gateway's routes against them: each answers 404 (as if they did not
+    exist), 403 or 409, or shows only vision's own; nothing of bob's is in any answer, nothing is
+    stored, bob's deployment is not scaled up by her requests and his job keeps running."""
+    queues = os.path.join(tempfile.mkdtemp(prefix="gpufleet-security-"), "queues.yaml")
+    with open(queues, "w") as file:
+        file.write("- {name: speech, guaranteed_gpus: 2, teams: [speech]}\n"
+                   "- {name: default, guaranteed_gpus: 2}\n")
+    with Cluster(gpufleet, "teams", server_args=["--queues", queues]) as cluster:
+        cluster.start_server()
+        cluster.start_agent("node-t")
+        bob, alice = cluster.token("bob", "speech"), cluster.token("alice", "vision")
+        secret = "speech-secret-7f3a"
+        running = cluster.submit({"command": ["sh", "-c", f"echo {secret}-out; sleep 120"],
+                                  "gpus": 1, "queue": "speech", "name": "asr-train",
+                                  "env": {"BOB_SECRET": secret}}, token=bob)
+        finished = cluster.submit({"command": ["echo", f"{secret}-done"], "gpus": 1}, token=bob)
+        cluster.wait_state(running["id"], "running")
+        cluster.wait_state(finished["id"], "succeeded")
+        wait_until(lambda: secret in cluster.logs(running["id"], token=bob), 10, "bob's output")
+        status, body = api(cluster.url, bob, "POST", "/api/v1/deployments", {
+            "name": "speech-asr", "command": ["sh", "-c", f"echo {secret}; sleep 100"],
+            "gpus": 1, "min_replicas": 0, "max_replicas": 1, "queue": "speech",
+            "models": ["speech-asr-v1"]})
+        check(status == 201, f"bob's deployment: HTTP {status}: {body}")
+        mine = cluster.submit({"command": ["echo", "vision's own"], "gpus": 1}, token=alice)
+        cluster.wait_state(mine["id"], "succeeded")
+        bob_token_id = new_id_of(cluster, bob)
+
+        gateway = cluster.start_gateway()
+        gateway_url = gateway.url
+
+        def admin_view():
+            jobs = api(cluster.url, cluster.admin_token, "GET", "/api/v1/jobs")[1]["jobs"]
+            deployments = api(cluster.url, cluster.admin_token, "GET",
+                              "/api/v1/deployments")[1]["deployments"]
+            audit = api(cluster.url, cluster.admin_token, "GET", "/api/v1/audit")[1]
+            tokens = api(cluster.url, cluster.admin_token, "GET", "/api/v1/tokens")[1]
+            return ([(job["id"], job["state"], job["attempt"]) for job in jobs],
+                    [(d["name"], d["spec"], d["desired_replicas"]) for d in deployments],
+                    len(audit["entries"]), tokens)
+
+        before = admin_view()
+        job_id, name = running["id"], "speech-asr"
+        spec = {"command": ["true"], "gpus": 1}
+        # (method, route pattern, path, body, the statuses allowed, must the answer list only
+        # vision's things)
+        cases = [
+            ("POST", "/api/v1/jobs", "/api/v1/jobs", dict(spec, queue="speech"), {403}),
+            ("GET", "/api/v1/jobs", "/api/v1/jobs", None, {200}),
+            ("GET", "/api/v1/jobs", "/api/v1/jobs?state=running", None, {200}),
+            ("GET", "/api/v1/jobs/{id}", f"/api/v1/jobs/{job_id}", None, {404}),
+            ("GET", "/api/v1/jobs/{id}", f"/api/v1/jobs/{finished['id']}", None, {404}),
+            ("POST", "/api/v1/jobs/{id}/cancel", f"/api/v1/jobs/{job_id}/cancel", {}, {404}),
+            ("GET", "/api/v1/jobs/{id}/logs", f"/api/v1/jobs/{job_id}/logs", None, {404}),
+            ("GET", "/api/v1/jobs/{id}/logs",
+             f"/api/v1/jobs/{finished['id']}/logs?stream=stdout&offset=0", None, {404}),
+            ("GET", "/api/v1/nodes", "/api/v1/nodes", None, {200}),
+            ("POST", "/api/v1/nodes/{name}/drain", "/api/v1/nodes/node-t/drain", {}, {403}),
+            ("POST", "/api/v1/nodes/{name}/undrain", "/api/v1/nodes/node-t/undrain", {}, {403}),
+            ("GET", "/api/v1/queues", "/api/v1/queues", None, {200}),
+            ("GET", "/api/v1/usage", "/api/v1/usage", None, {200}),
+            ("GET", "/api/v1/usage", "/api/v1/usage?by=user", None, {200}),
+            ("GET", "/api/v1/whoami", "/api/v1/whoami", None, {200}),
+            ("POST", "/api/v1/tokens", "/api/v1/tokens",
+             {"user": "bob", "team": "speech", "role": "user"}, {403}),
+            ("GET", "/api/v1/tokens", "/api/v1/tokens", None, {403}),
+            ("DELETE", "/api/v1/tokens/{id}", f"/api/v1/tokens/{bob_token_id}", None, {403}),
+            ("POST", "/api/v1/tokens/{id}/rotate", f"/api/v1/tokens/{bob_token_id}/rotate", {},
+             {403}),
+            ("GET", "/api/v1/audit", "/api/v1/audit", None, {403}),
+            ("POST", "/api/v1/agents/sync", "/api/v1/agents/sync", {"node": {"name": "node-t"}},
+             {403}),
+            ("POST", "/api/v1/deployments", "/api/v1/deployments",
+             {"name": name, "command": ["true"], "gpus": 1, "max_replicas": 1}, {409}),
+            ("POST", "/api/v1/deployments", "/api/v1/deployments",
+             {"name": "into-speech", "command": ["true"], "gpus": 1, "max_replicas": 1,
+              "queue": "speech"}, {403}),
+            ("GET", "/api/v1/deployments", "/api/v1/deployments", None, {200}),
+            ("GET", "/api/v1/deployments/{name}", f"/api/v1/deployments/{name}", None, {404}),
+            ("POST", "/api/v1/deployments/{name}/scale", f"/api/v1/deployments/{name}/scale",
+             {"replicas": 1}, {404}),
+            ("DELETE", "/api/v1/deployments/{name}", f"/api/v1/deployments/{name}", None, {404}),
+            ("GET", "/api/v1/endpoints", "/api/v1/endpoints", None, {200}),
+            ("POST", "/api/v1/gateways/report", "/api/v1/gateways/report",
+             {"gateway": "gw-forged", "deployments": [{"name": name, "buffered": 5}]}, {403}),
+        ]
+        leaks = [secret, "bob", "speech-asr", "asr-train", bob]
+        for method, _, path, body, allowed in cases:
+            status, text = http(method, cluster.url + path, body, token=alice)
+            check(status in allowed, f"alice {method} {path}: HTTP {status} (wanted "
+                  f"{sorted(allowed)}): {text}")
+            # A 403 for the speech queue names the queue's team: that is the refusal's point.
+            shown = text.replace("team(s) speech", "") if status == 403 else text
+            # What she named herself (a path, a deployment name) may come back in the answer.
+            asked = path + json.dumps(body)
+            found = [leak for leak in leaks if leak in shown and leak not in asked]
+            check(not found, f"alice {method} {path} shows {found}: {text}")
+            if status == 200 and "/jobs" in path:
+                check([job["id"] for job in json.loads(text)["jobs"]] in ([mine["id"]], []),
+                      f"alice's job list: {text}")
+        covered = {(method, pattern) for method, pattern, *_ in cases}
+        missing = api_routes() - covered
+        check(not missing, f"routes without a team-isolation case: {sorted(missing)}")
+
+        # Through the gateway: bob's model and path prefix do not exist for her, and her
+        # requests buffer nothing, so bob's deployment stays at zero.
+        for method, path, body in [
+                ("GET", "/v1/models", None),
+                ("POST", "/v1/completions", {"model": "speech-asr-v1", "prompt": "x"}),
+                ("POST", "/v1/chat/completions",
+                 {"model": "speech-asr-v1", "messages": [{"role": "user", "content": "x"}]}),
+                ("GET", f"/d/{name}/", None)]:
+            status, text = http(method, gateway_url + path, body, token=alice)
+            check((status == 200) == (path == "/v1/models") and status in (200, 404),
+                  f"gateway {method} {path}: HTTP {status}: {text}")
+            asked = path + json.dumps(body)
+            check(not any(leak in text and leak not in asked for leak in leaks),
+                  f"gateway {path} shows: {text}")
+        status, text = http("GET", gateway_url + "/metrics", token=alice)
+        check(status == 403, f"gateway /metrics for alice: HTTP {status}")
+
+        # The CLI says the same.
+        for verb in (["logs", str(job_id)], ["cancel", str(job_id)], ["deployment", "show", name],
+                     ["scale", name, "1"], ["delete", name]):
+            result = cluster.cli(*verb, token=alice, check_code=None)
+            said = result.stdout + result.stderr
+            check(result.returncode != 0 and not any(leak in said for leak in leaks[:1]),
+                  f"gpufleet {' '.join(verb)} as alice: {result}")
+
+        time.sleep(2.5)  # past an autoscaler tick: a buffered request would have scaled it
+        after = admin_view()
+        check(after == before, f"the store changed:\nbefore {before}\nafter  {after}")
+        check(cluster.job(job_id)["state"] == "running", "bob's job was touched")
+        status, body = api(cluster.url, bob, "GET", f"/api/v1/deployments/{name}")
+        check(status == 200 and body["desired_replicas"] == 0 and body["replicas"] == [],
+              f"bob's deployment after alice's requests: {body}")
+        gateway.stop()
+
+
 def new_id_of(cluster, secret):
     return api(cluster.url, secret, "GET", "/api/v1/whoami")[1]["id"]
 
@@ -403,7 +646,9 @@ TESTS = [test_agent_api_needs_the_control_planes_key, test_standalone_agent_is_l
          test_tokens_forged_expired_revoked_rotated_and_scoped,
          test_slow_and_greedy_clients_cannot_lock_others_out,
          test_gpu_shares_carry_their_limits_to_the_workload,
-         test_workloads_run_as_their_own_users, test_other_gpus_device_files_are_hidden]
+         test_workloads_run_as_their_own_users, test_other_gpus_device_files_are_hidden,
+         test_mig_instances_are_devices_of_their_own,
+         test_platform_users_run_as_their_unix_accounts, test_teams_see_and_touch_only_their_own]
 
 if __name__ == "__main__":
     wanted = sys.argv[2:]

@@ -154,6 +154,44 @@ TEST_F(ServerTest, TokensRolesAndTeams) {
   EXPECT_EQ(Call("DELETE", "/api/v1/tokens/tok-00000000", admin_).status, 404);
 }
 
+// A queue that names its teams takes their jobs (and admins') only; others get 403, store nothing.
+TEST_F(ServerTest, AQueueThatNamesItsTeamsRefusesOtherTeams) {
+  sched::QueueConfig speech;
+  speech.name = "speech";
+  speech.guaranteed_milli = 4 * kMilliPerGpu;
+  speech.teams = {"speech"};
+  sched::QueueConfig shared;
+  shared.name = "default";
+  options_.scheduler.queues = {speech, shared};
+  Restart();
+  json job = kOneGpu;
+  job["queue"] = "speech";
+  const size_t audit_before = AuditActions().size();
+  Reply reply = Call("POST", "/api/v1/jobs", alice_, job.dump());
+  EXPECT_EQ(reply.status, 403) << reply.body;
+  EXPECT_NE(reply.body.find("queue 'speech' is for team(s) speech; team 'vision' may not submit"),
+            std::string::npos)
+      << reply.body;
+  json deployment = {{"name", "asr"},     {"command", {"python3", "serve.py"}},
+                     {"gpus", 1},         {"min_replicas", 0},
+                     {"max_replicas", 1}, {"queue", "speech"}};
+  reply = Call("POST", "/api/v1/deployments", alice_, deployment.dump());
+  EXPECT_EQ(reply.status, 403) << reply.body;
+  EXPECT_EQ(JobCount(), 0u);
+  EXPECT_TRUE(Call("GET", "/api/v1/deployments", admin_).Json().at("deployments").empty());
+  EXPECT_EQ(AuditActions().size(), audit_before);
+
+  EXPECT_NE(Submit(bob_, job), 0);
+  EXPECT_NE(Submit(admin_, job), 0);
+  EXPECT_NE(Submit(alice_, kOneGpu), 0);  // the default queue names no team
+  EXPECT_EQ(Call("POST", "/api/v1/deployments", bob_, deployment.dump()).status, 201);
+  const json queues = Call("GET", "/api/v1/queues", alice_).Json().at("queues");
+  ASSERT_EQ(queues.size(), 2u);
+  EXPECT_EQ(queues[1].at("name"), "speech");
+  EXPECT_EQ(queues[1].at("teams"), json::array({"speech"}));
+  EXPECT_EQ(queues[0].at("teams"), json::array());
+}
+
 TEST_F(ServerTest, TokenScopesExpiryAndRotation) {
   auto create = [&](const json& request) {
     return Call("POST", "/api/v1/tokens", admin_, request.dump());

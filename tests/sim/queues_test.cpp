@@ -45,6 +45,7 @@ TEST(QueuesFile, ParsesEveryKey) {
   borrowing_limit_gpus: 4
   weight: 2
   members: [vc1, vc2]
+  teams: [speech, vision]
 - name: b
   guaranteed_gpus: {A100-40GB: 8, H100-80GB: 4}
 )"),
@@ -56,6 +57,8 @@ TEST(QueuesFile, ParsesEveryKey) {
   EXPECT_EQ(queues[0].config.borrowing_limit_milli, 4000);
   EXPECT_EQ(queues[0].config.weight, 2.0);
   EXPECT_EQ(queues[0].members, (std::vector<std::string>{"vc1", "vc2"}));
+  EXPECT_EQ(queues[0].config.teams, (std::vector<std::string>{"speech", "vision"}));
+  EXPECT_TRUE(queues[1].config.teams.empty());
   EXPECT_EQ(queues[1].config.guaranteed_milli_by_model.at("A100-40GB"), 8000);
   EXPECT_EQ(queues[1].config.guaranteed_milli_by_model.at("H100-80GB"), 4000);
   EXPECT_FALSE(queues[1].config.borrowing_limit_milli.has_value());
@@ -68,6 +71,8 @@ TEST(QueuesFile, RejectsMistakes) {
   EXPECT_THROW(ParseQueues(YAML::Load("- {name: a, weight: 0}"), true), QueuesError);
   EXPECT_THROW(ParseQueues(YAML::Load("- {name: a, members: [x]}"), false), QueuesError);
   EXPECT_THROW(ParseQueues(YAML::Load("{name: a}"), true), QueuesError);
+  EXPECT_THROW(ParseQueues(YAML::Load("- {name: a, teams: speech}"), true), QueuesError);
+  EXPECT_THROW(ParseQueues(YAML::Load("- {name: a, teams: ['']}"), true), QueuesError);
 }
 
 TEST(QueuesFile, AssignsByVirtualClusterOrRoundRobin) {
