@@ -48,6 +48,7 @@ json WorkloadToJson(const WorkloadSpec& spec) {
               {"max_runtime_ms", spec.max_runtime},
               {"log_rotate_bytes", spec.logs.rotate_bytes},
               {"log_keep_files", spec.logs.keep_files},
+              {"log_max_line_bytes", spec.logs.max_line_bytes},
               {"run_as", spec.run_as ? json{{"uid", spec.run_as->uid},
                                             {"gid", spec.run_as->gid},
                                             {"groups", spec.run_as->groups},
@@ -80,6 +81,8 @@ void WorkloadFromJson(const json& object, WorkloadSpec& spec) {
   object.at("max_runtime_ms").get_to(spec.max_runtime);
   object.at("log_rotate_bytes").get_to(spec.logs.rotate_bytes);
   object.at("log_keep_files").get_to(spec.logs.keep_files);
+  // Absent in specs written before lines were capped: those were not.
+  spec.logs.max_line_bytes = object.value("log_max_line_bytes", int64_t{0});
   // Absent in specs written before workloads could run as another user.
   if (auto run_as = object.find("run_as"); run_as != object.end() && run_as->is_object()) {
     WorkloadUser user;

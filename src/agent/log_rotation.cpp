@@ -54,6 +54,8 @@ std::optional<std::string> ValidateLogLimits(const LogLimits& limits) {
     return fmt::format("rotate_bytes {} is negative", limits.rotate_bytes);
   if (limits.keep_files < 0 || limits.keep_files > kMaxKeepFiles)
     return fmt::format("keep_files {} is outside 0..{}", limits.keep_files, kMaxKeepFiles);
+  if (limits.max_line_bytes < 0)
+    return fmt::format("max_line_bytes {} is negative", limits.max_line_bytes);
   return std::nullopt;
 }
 
@@ -154,6 +156,35 @@ std::optional<std::string> RotatingLogFile::Rotate() {
 }
 
 std::optional<std::string> RotatingLogFile::Write(std::string_view data) {
+  if (limits_.max_line_bytes <= 0) return WriteLines(data);
+  const auto max = static_cast<size_t>(limits_.max_line_bytes);
+  std::string broken;
+  broken.reserve(data.size() + data.size() / max + 1);
+  while (!data.empty()) {
+    const size_t newline = data.find('\n');
+    const size_t line = newline == std::string_view::npos ? data.size() : newline;
+    const size_t room = max - static_cast<size_t>(line_bytes_);
+    if (line > room) {
+      broken.append(data.substr(0, room));
+      broken += '\n';
+      data.remove_prefix(room);
+      line_bytes_ = 0;
+      ++lines_broken_;
+      continue;
+    }
+    if (newline == std::string_view::npos) {
+      broken.append(data);
+      line_bytes_ += static_cast<int64_t>(data.size());
+      break;
+    }
+    broken.append(data.substr(0, newline + 1));
+    data.remove_prefix(newline + 1);
+    line_bytes_ = 0;
+  }
+  return WriteLines(broken);
+}
+
+std::optional<std::string> RotatingLogFile::WriteLines(std::string_view data) {
   if (fd_ < 0) {
     if (auto error = Open()) {
       bytes_dropped_ += static_cast<int64_t>(data.size());

@@ -17,6 +17,9 @@ struct LogLimits {
   int64_t rotate_bytes = int64_t{64}
                          << 20;  // a file is rotated before it would exceed this; 0 = never
   int32_t keep_files = 4;        // rotated files kept besides the live one
+  // A longer line is broken with a newline after this many bytes (as journald and Docker do), so
+  // whoever reads the last lines holds at most this much per line; 0 = never.
+  int64_t max_line_bytes = int64_t{64} << 10;
 };
 
 // Returns why the limits are unusable, or nothing.
@@ -33,15 +36,16 @@ class RotatingLogFile {
   // rotation limit.
   std::optional<std::string> Open();
 
-  // Appends `data`. Lines are kept whole within one file where a line fits in rotate_bytes;
-  // longer lines are split. On a failed write the rest of `data` is counted in bytes_dropped()
-  // and the error returned: the caller must keep reading its pipe either way, or the workload
-  // would block on a full pipe.
+  // Appends `data`, breaking lines longer than max_line_bytes. Lines are kept whole within one
+  // file where a line fits in rotate_bytes; longer lines are split. On a failed write the rest of
+  // `data` is counted in bytes_dropped() and the error returned: the caller must keep reading its
+  // pipe either way, or the workload would block on a full pipe.
   std::optional<std::string> Write(std::string_view data);
 
   const std::string& path() const { return path_; }
   int64_t bytes_written() const { return bytes_written_; }
   int64_t bytes_dropped() const { return bytes_dropped_; }
+  int64_t lines_broken() const { return lines_broken_; }  // newlines added by max_line_bytes
 
   // "<path>.<index>", index 1 being the newest rotated file.
   static std::string RotatedPath(const std::string& path, int32_t index);
@@ -52,6 +56,7 @@ class RotatingLogFile {
   static std::string OffsetRecordPath(const std::string& path);
 
  private:
+  std::optional<std::string> WriteLines(std::string_view data);
   std::optional<std::string> Append(std::string_view data);
   std::optional<std::string> Rotate();
   void WriteOffsetRecord();
@@ -62,6 +67,8 @@ class RotatingLogFile {
   int64_t size_ = 0;  // of the live file
   int64_t bytes_written_ = 0;
   int64_t bytes_dropped_ = 0;
+  int64_t line_bytes_ = 0;  // of the line being written, since its last newline
+  int64_t lines_broken_ = 0;
   uint64_t generation_ = 0;  // of the offset record
   int64_t live_start_ = 0;   // offset of the live file's first byte
 };

@@ -57,6 +57,23 @@ TEST_F(RotatingLogFileTest, SplitsLinesLongerThanAFile) {
   EXPECT_EQ(ReadText(path_), "89\n");
 }
 
+// A line past max_line_bytes is broken with a newline, however it arrives in writes; shorter
+// lines and the bytes of the broken one are kept as they were.
+TEST_F(RotatingLogFileTest, BreaksLinesLongerThanTheLineLimit) {
+  RotatingLogFile log(path_, {0, 0, 4});
+  ASSERT_EQ(log.Write("abcd\nefghij"), std::nullopt);
+  ASSERT_EQ(log.Write("kl"), std::nullopt);
+  ASSERT_EQ(log.Write("mn\nop\n0123456789"), std::nullopt);
+  EXPECT_EQ(ReadText(path_), "abcd\nefgh\nijkl\nmn\nop\n0123\n4567\n89");
+  EXPECT_EQ(log.lines_broken(), 4);
+  EXPECT_EQ(log.bytes_written(), 33);  // offsets count the added newlines: what readers see
+
+  RotatingLogFile unlimited((dir_ / "whole.log").string(), {0, 0, 0});
+  ASSERT_EQ(unlimited.Write(std::string(100000, 'x')), std::nullopt);
+  EXPECT_EQ(ReadText((dir_ / "whole.log").string()).size(), 100000u);
+  EXPECT_EQ(unlimited.lines_broken(), 0);
+}
+
 TEST_F(RotatingLogFileTest, KeepZeroDiscardsRotatedOutput) {
   RotatingLogFile log(path_, {5, 0});
   ASSERT_EQ(log.Write("1234\nabcd\n"), std::nullopt);
@@ -193,6 +210,7 @@ TEST(LogLimitsTest, Validation) {
   EXPECT_TRUE(ValidateLogLimits({-1, 1}).has_value());
   EXPECT_TRUE(ValidateLogLimits({1, -1}).has_value());
   EXPECT_TRUE(ValidateLogLimits({1, 100000}).has_value());
+  EXPECT_TRUE(ValidateLogLimits({1, 1, -1}).has_value());
 }
 
 }  // namespace
