@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <utility>
 
 #include <fmt/format.h>
@@ -356,25 +357,21 @@ void DeleteDeployment(Impl& s, const HttpRequest& request, const Caller& caller,
 // when the endpoint set changes or `wait_ms` passes.
 void WatchEndpoints(Impl& s, const HttpRequest& request, const Caller& caller,
                     HttpResponder respond) {
-  uint64_t known = 0;
-  TimeMs wait_ms = 0;
-  try {
-    if (auto text = request.Query("version")) known = std::stoull(*text);
-    if (auto text = request.Query("wait_ms")) wait_ms = std::stoll(*text);
-  } catch (const std::exception&) {
-    return respond(HttpResponse::Error(400, "'version' and 'wait_ms' must be integers"));
-  }
-  if (wait_ms < 0 || wait_ms > kMaxEndpointWaitMs)
-    return respond(HttpResponse::Error(
-        400, fmt::format("'wait_ms' must be from 0 to {}", kMaxEndpointWaitMs)));
+  std::string error;
+  const auto version =
+      QueryInt(request, "version", 0, 0, std::numeric_limits<int64_t>::max(), error);
+  const auto wait_ms =
+      version ? QueryInt(request, "wait_ms", 0, 0, kMaxEndpointWaitMs, error) : std::nullopt;
+  if (!version || !wait_ms) return respond(HttpResponse::Error(400, error));
+  const auto known = static_cast<uint64_t>(*version);
   std::lock_guard lock(s.mu);
   // A gateway sees every team's deployments (it routes for all of them); people only their own.
   std::optional<Caller> scope;
   if (caller.info.role == Role::kUser) scope = caller;
-  if (s.stopping || wait_ms == 0 || known != s.endpoints_version)
+  if (s.stopping || *wait_ms == 0 || known != s.endpoints_version)
     return respond(JsonResponse(200, s.EndpointsLocked(scope)));
   s.endpoint_watches.push_back(
-      Impl::EndpointWatch{std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms),
+      Impl::EndpointWatch{std::chrono::steady_clock::now() + std::chrono::milliseconds(*wait_ms),
                           std::move(respond), scope});
   s.maintenance_cv.notify_one();
 }

@@ -68,6 +68,28 @@ std::optional<std::string> UnknownQueue(const ServerOptions& options, std::strin
   return fmt::format("queue '{}' does not exist; the queues are {}", name, fmt::join(names, ", "));
 }
 
+std::optional<uint64_t> ParseUnsigned(std::string_view text) {
+  uint64_t value = 0;
+  if (text.empty() || text.size() > 20) return std::nullopt;
+  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return value;
+}
+
+// A query parameter that must be an integer in [min, max]; `fallback` when absent.
+std::optional<int64_t> QueryInt(const net::HttpRequest& request, const std::string& name,
+                                int64_t fallback, int64_t min, int64_t max, std::string& error) {
+  auto text = request.Query(name);
+  if (!text) return fallback;
+  auto value = ParseUnsigned(*text);
+  if (!value || static_cast<int64_t>(*value) < min || static_cast<int64_t>(*value) > max ||
+      *value > static_cast<uint64_t>(max)) {
+    error = fmt::format("'{}' must be an integer from {} to {}, not '{}'", name, min, max, *text);
+    return std::nullopt;
+  }
+  return static_cast<int64_t>(*value);
+}
+
 std::optional<std::string> QueueClosedTo(const ServerOptions& options, std::string_view name,
                                          const Caller& caller) {
   const sched::QueueConfig* queue = FindQueue(options, name);
@@ -107,28 +129,6 @@ std::string FormatUtc(TimeMs ms) {
   char stamp[32];
   std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", &utc);
   return stamp;
-}
-
-std::optional<uint64_t> ParseUnsigned(std::string_view text) {
-  uint64_t value = 0;
-  if (text.empty() || text.size() > 20) return std::nullopt;
-  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (error != std::errc() || end != text.data() + text.size()) return std::nullopt;
-  return value;
-}
-
-// A query parameter that must be an integer in [min, max]; `fallback` when absent.
-std::optional<int64_t> QueryInt(const HttpRequest& request, const std::string& name,
-                                int64_t fallback, int64_t min, int64_t max, std::string& error) {
-  auto text = request.Query(name);
-  if (!text) return fallback;
-  auto value = ParseUnsigned(*text);
-  if (!value || static_cast<int64_t>(*value) < min || static_cast<int64_t>(*value) > max ||
-      *value > static_cast<uint64_t>(max)) {
-    error = fmt::format("'{}' must be an integer from {} to {}, not '{}'", name, min, max, *text);
-    return std::nullopt;
-  }
-  return static_cast<int64_t>(*value);
 }
 
 bool ValidNodeName(std::string_view name) {

@@ -341,6 +341,10 @@ const sched::QueueConfig* FindQueue(const ServerOptions& options, std::string_vi
 // Why a job or deployment may not name this queue ("queue 'x' does not exist; the queues are
 // ..."), or nothing: every name is good without a queues file.
 std::optional<std::string> UnknownQueue(const ServerOptions& options, std::string_view name);
+// A query parameter that must be an integer in [min, max]; `fallback` when absent; nothing with
+// `error` set otherwise.
+std::optional<int64_t> QueryInt(const net::HttpRequest& request, const std::string& name,
+                                int64_t fallback, int64_t min, int64_t max, std::string& error);
 // Why this caller's team may not use the queue (it lists other teams), or nothing.
 std::optional<std::string> QueueClosedTo(const ServerOptions& options, std::string_view name,
                                          const Caller& caller);

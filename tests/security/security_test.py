@@ -16,6 +16,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from http.client import HTTPConnection, HTTPException
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "e2e"))
 from e2e_testlib import Cluster, api, check, http, run_tests, wait_until  # noqa: E402
@@ -638,6 +639,167 @@ def test_teams_see_and_touch_only_their_own(gpufleet):
         gateway.stop()
 
 
+def raw_request(base, method, path, body=b"", token=None, headers=None, timeout=30):
+    """(status, text) of one request sent as given: any bytes in the body, the path unnormalised."""
+    host, port = base.removeprefix("http://").split(":")
+    connection = HTTPConnection(host, int(port), timeout=timeout)
+    try:
+        sent = dict(headers or {})
+        if token:
+            sent["Authorization"] = "Bearer " + token
+        if body or method in ("POST", "PUT"):
+            sent["Content-Type"] = "application/json"
+        connection.request(method, path, body=body, headers=sent)
+        response = connection.getresponse()
+        return response.status, response.read().decode(errors="replace")
+    except (OSError, HTTPException) as error:
+        return 0, f"connection error: {error}"
+    finally:
+        connection.close()
+
+
+BAD_IDS = ["-1", "abc", "99999999999999999999999", "..%2F..%2Fetc%2Fpasswd", "%00", "a" * 5000,
+           "%C3%BC"]
+BAD_BODIES = [b"", b"null", b"[]", b"{", b'{"a": ' * 40 + b"1" + b"}" * 40, b'{"bogus": 1}',
+              b'{"command": ["\xff\xfe"]}', b"x" * (2 << 20)]
+
+
+def bad_input_cases(job_id, deployment, token_id):
+    """(route method, route pattern, path, body, token kind) for every /api/v1 route: bad path
+    parameters, bad query values, malformed or wrong bodies, a query that does not decode."""
+    cases = []
+
+    def add(method, pattern, paths=None, bodies=(b"",), token="admin"):
+        for path in paths or [pattern]:
+            for body in bodies:
+                cases.append((method, pattern, path, body, token))
+
+    def with_ids(pattern, param, ids=BAD_IDS):
+        return [pattern.replace("{" + param + "}", value) for value in ids]
+
+    job = {"command": ["true"], "gpus": 1}
+    add("POST", "/api/v1/jobs", bodies=BAD_BODIES + [json.dumps(dict(job, **change)).encode()
+                                                      for change in (
+        {"command": "not a list"}, {"gpus": -1}, {"gpus": "many"}, {"tasks": 0},
+        {"tasks": 1000000}, {"priority": 1e99999}, {"env": {f"V{i}": "x" for i in range(2000)}},
+        {"env": {"": "x"}}, {"workdir": "w" * 40000}, {"max_runtime": "forever"})])
+    add("GET", "/api/v1/jobs", [f"/api/v1/jobs?{query}" for query in
+                                ("limit=-1", "limit=abc", "limit=99999999999", "state=bogus")])
+    add("GET", "/api/v1/jobs/{id}", with_ids("/api/v1/jobs/{id}", "id"))
+    add("POST", "/api/v1/jobs/{id}/cancel", with_ids("/api/v1/jobs/{id}/cancel", "id"))
+    add("GET", "/api/v1/jobs/{id}/logs", with_ids("/api/v1/jobs/{id}/logs", "id") +
+        [f"/api/v1/jobs/{job_id}/logs?{query}" for query in
+         ("task=-1", "task=99", "task=abc", "stream=..%2F..%2F..%2Fetc%2Fpasswd", "stream=stdin",
+          "offset=-5", "offset=abc", "offset=99999999999999999999999")])
+    add("POST", "/api/v1/nodes/{name}/drain",
+        with_ids("/api/v1/nodes/{name}/drain", "name", BAD_IDS + ["no-such-node"]))
+    add("POST", "/api/v1/nodes/{name}/undrain",
+        with_ids("/api/v1/nodes/{name}/undrain", "name", BAD_IDS + ["no-such-node"]))
+    add("GET", "/api/v1/usage", [f"/api/v1/usage?{query}" for query in
+                                 ("since_ms=-1", "since_ms=abc", "since_ms=5&until_ms=5",
+                                  "by=bogus")])
+    add("POST", "/api/v1/tokens", bodies=BAD_BODIES + [json.dumps(body).encode() for body in (
+        {"user": "", "team": "t"}, {"user": "u", "role": "root"}, {"user": "u", "scope": "all"},
+        {"user": "u", "expires_in": "-5s"}, {"user": "u", "expires_in": "forever"},
+        {"user": "u" * 300})])
+    add("DELETE", "/api/v1/tokens/{id}",
+        with_ids("/api/v1/tokens/{id}", "id", BAD_IDS + ["tok-00000000"]))
+    add("POST", "/api/v1/tokens/{id}/rotate",
+        with_ids("/api/v1/tokens/{id}/rotate", "id", BAD_IDS + ["tok-00000000"]))
+    add("POST", "/api/v1/tokens/{id}/rotate", [f"/api/v1/tokens/{token_id}/rotate"],
+        bodies=[body for body in BAD_BODIES if body] + [json.dumps(body).encode() for body in (
+            {"overlap": "-1s"}, {"overlap": "forever"}, {"overlap": -5})])
+    add("GET", "/api/v1/audit", [f"/api/v1/audit?limit={value}" for value in ("-1", "abc", "0")])
+    add("POST", "/api/v1/agents/sync", bodies=BAD_BODIES + [json.dumps(body).encode() for body in (
+        {"node": 5}, {"node": {"name": "../x"}}, {"node": {"name": ""}},
+        {"node": {"name": "n"}, "agent_key": "k" * 300}, {"node": {"name": "n"}, "workloads": 7})])
+    add("POST", "/api/v1/deployments", bodies=BAD_BODIES + [json.dumps(body).encode() for body in (
+        {"name": "../x", "command": ["true"]}, {"name": "", "command": ["true"]},
+        {"name": "d", "command": ["true"], "min_replicas": -1},
+        {"name": "d", "command": ["true"], "max_replicas": 100000},
+        {"name": "d", "command": "true"}, {"name": "d", "command": ["true"], "gpus": -1})])
+    add("GET", "/api/v1/deployments/{name}",
+        with_ids("/api/v1/deployments/{name}", "name", BAD_IDS + ["no-such"]))
+    add("POST", "/api/v1/deployments/{name}/scale",
+        with_ids("/api/v1/deployments/{name}/scale", "name", BAD_IDS + ["no-such"]),
+        bodies=[b'{"replicas": 1}'])
+    add("POST", "/api/v1/deployments/{name}/scale", [f"/api/v1/deployments/{deployment}/scale"],
+        bodies=BAD_BODIES + [json.dumps(body).encode() for body in (
+            {"replicas": -1}, {"replicas": 5000}, {"replicas": "one"}, {"min_replicas": 3,
+                                                                       "max_replicas": 1})])
+    add("DELETE", "/api/v1/deployments/{name}",
+        with_ids("/api/v1/deployments/{name}", "name", BAD_IDS + ["no-such"]))
+    add("GET", "/api/v1/endpoints", [f"/api/v1/endpoints?{query}" for query in
+                                     ("version=-1", "version=12abc", "wait_ms=-1",
+                                      "wait_ms=99999999999")], token="gateway")
+    add("POST", "/api/v1/gateways/report", token="gateway",
+        bodies=BAD_BODIES + [json.dumps(body).encode() for body in (
+            {"gateway": 5}, {"gateway": "g", "deployments": 7},
+            {"gateway": "g", "deployments": [{"name": 5}]})])
+    # Every route: a query that does not percent-decode.
+    for method, pattern in sorted(api_routes()):
+        path = pattern.replace("{id}", "1").replace("{name}", "x") + "?q=%zz"
+        add(method, pattern, [path], token="gateway" if "gateway" in pattern or
+            "endpoints" in pattern else "admin")
+    return cases
+
+
+def test_malformed_input_on_every_route_is_refused_and_stores_nothing(gpufleet):
+    """Bad path parameters (negative, huge, non-numeric, `../` and NUL, 5,000 characters), bad
+    query values, malformed, deep, oversized and wrong bodies on every /api/v1 route, with an
+    admin's token so that nothing but the input can be the reason: each gets a 4xx that says why,
+    never a 5xx or a 2xx; /etc/passwd never comes back; and the store is the same afterwards. A
+    job that names its own GPUFLEET_CHECKPOINT_DIR gets the agent's, and the directory it named
+    is left as it was."""
+    with Cluster(gpufleet, "bad-input") as cluster:
+        cluster.start_server()
+        cluster.start_agent("node-b")
+        job = cluster.submit({"command": ["sh", "-c", "echo $GPUFLEET_CHECKPOINT_DIR"],
+                              "gpus": 1, "env": {"GPUFLEET_CHECKPOINT_DIR": "/etc"}})
+        cluster.wait_state(job["id"], "succeeded")
+        checkpoint = wait_until(lambda: cluster.logs(job["id"]).strip(), 10, "the job's line")
+        check(checkpoint != "/etc" and checkpoint.startswith(cluster.root),
+              f"the job's checkpoint dir: {checkpoint}")
+        check(os.stat("/etc").st_uid == 0 and stat.S_IMODE(os.stat("/etc").st_mode) == 0o755,
+              "/etc was changed")
+        status, body = api(cluster.url, cluster.admin_token, "POST", "/api/v1/deployments", {
+            "name": "steady", "command": ["sleep", "100"], "gpus": 1, "min_replicas": 0,
+            "max_replicas": 2})
+        check(status == 201, f"deployment: {status} {body}")
+        gateway_token = cluster.token("gw-b", "", "gateway")
+        token_id = new_id_of(cluster, gateway_token)
+
+        def store():
+            view = [api(cluster.url, cluster.admin_token, "GET", path)[1] for path in
+                    ("/api/v1/jobs", "/api/v1/deployments", "/api/v1/tokens", "/api/v1/nodes")]
+            for node in view[3]["nodes"]:  # what the agent's syncs change by themselves
+                node.pop("last_seen_ms", None)
+                node["report"].pop("gpus", None)
+            audit = api(cluster.url, cluster.admin_token, "GET", "/api/v1/audit")[1]
+            return view, len(audit["entries"])
+
+        before = store()
+        tokens = {"admin": cluster.admin_token, "gateway": gateway_token}
+        per_route = {}
+        for method, pattern, path, body, token in bad_input_cases(job["id"], "steady", token_id):
+            status, text = raw_request(cluster.url, method, path, body, tokens[token])
+            per_route[(method, pattern)] = per_route.get((method, pattern), 0) + 1
+            shown = f"{method} {path[:80]} {body[:60]!r}: HTTP {status}: {text[:200]}"
+            check(400 <= status < 500, shown)
+            check("error" in text and "root:x:0:0" not in text, shown)
+        missing = api_routes() - set(per_route)
+        check(not missing, f"routes without bad-input cases: {sorted(missing)}")
+        # An oversized header, on the layer below every route.
+        status, _ = raw_request(cluster.url, "GET", "/api/v1/jobs", token=cluster.admin_token,
+                                headers={"X-Padding": "p" * (20 << 10)})
+        check(status == 431, f"a 20 KiB header: HTTP {status}")
+        check(store() == before, "the store changed")
+        total = sum(per_route.values())
+        print(f"{total} bad inputs on {len(per_route)} routes:")
+        for (method, pattern), count in sorted(per_route.items(), key=lambda item: item[0][1]):
+            print(f"  {count:3} {method} {pattern}")
+
+
 def new_id_of(cluster, secret):
     return api(cluster.url, secret, "GET", "/api/v1/whoami")[1]["id"]
 
@@ -648,7 +810,8 @@ TESTS = [test_agent_api_needs_the_control_planes_key, test_standalone_agent_is_l
          test_gpu_shares_carry_their_limits_to_the_workload,
          test_workloads_run_as_their_own_users, test_other_gpus_device_files_are_hidden,
          test_mig_instances_are_devices_of_their_own,
-         test_platform_users_run_as_their_unix_accounts, test_teams_see_and_touch_only_their_own]
+         test_platform_users_run_as_their_unix_accounts, test_teams_see_and_touch_only_their_own,
+         test_malformed_input_on_every_route_is_refused_and_stores_nothing]
 
 if __name__ == "__main__":
     wanted = sys.argv[2:]
