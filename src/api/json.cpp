@@ -155,12 +155,25 @@ std::optional<json> ParseJsonText(std::string_view text, std::string& error) {
   return ParseRequestJson(text, error);
 }
 
-const std::set<std::string, std::less<>> kSubmissionFields = {
-    "name",        "queue",       "priority",         "tasks",
-    "gpus",        "cpu",         "memory",           "gpu_model",
-    "command",     "env",         "workdir",          "restartable",
-    "preemptible", "max_runtime", "runtime_estimate", "min_gpu_memory",
-    "grace_period"};
+const std::set<std::string, std::less<>> kSubmissionFields = {"name",
+                                                              "queue",
+                                                              "priority",
+                                                              "tasks",
+                                                              "nodes",
+                                                              "tasks_per_node",
+                                                              "gpus",
+                                                              "cpu",
+                                                              "memory",
+                                                              "gpu_model",
+                                                              "command",
+                                                              "env",
+                                                              "workdir",
+                                                              "restartable",
+                                                              "preemptible",
+                                                              "max_runtime",
+                                                              "runtime_estimate",
+                                                              "min_gpu_memory",
+                                                              "grace_period"};
 
 JobSubmission ParseSubmissionOrThrow(const json& body) {
   if (!body.is_object()) Fail(fmt::format("a job must be a JSON object, not {}", TypeName(body)));
@@ -173,8 +186,29 @@ JobSubmission ParseSubmissionOrThrow(const json& body) {
   if (auto it = body.find("queue"); it != body.end()) job.queue = String(*it, "queue");
   if (auto it = body.find("priority"); it != body.end())
     job.priority = static_cast<int32_t>(Integer(*it, "priority", -1'000'000, 1'000'000));
-  if (auto it = body.find("tasks"); it != body.end())
-    job.tasks = static_cast<int32_t>(Integer(*it, "tasks", 1, 100'000));
+  constexpr int64_t kMaxTasks = 100'000;
+  const bool tasks_given = body.contains("tasks");
+  if (tasks_given)
+    job.tasks = static_cast<int32_t>(Integer(body.at("tasks"), "tasks", 1, kMaxTasks));
+  if (auto it = body.find("tasks_per_node"); it != body.end())
+    job.tasks_per_node = static_cast<int32_t>(Integer(*it, "tasks_per_node", 1, 1024));
+  if (auto it = body.find("nodes"); it != body.end()) {
+    const int64_t nodes = Integer(*it, "nodes", 1, kMaxTasks);
+    const int32_t per_node = std::max(job.tasks_per_node, 1);
+    if (nodes * per_node > kMaxTasks)
+      Fail(fmt::format("'nodes' {} x 'tasks_per_node' {} is more than {} tasks", nodes, per_node,
+                       kMaxTasks));
+    if (tasks_given && job.tasks != nodes * per_node)
+      Fail(fmt::format("'tasks' {} is not 'nodes' {} x 'tasks_per_node' {}", job.tasks, nodes,
+                       per_node));
+    job.tasks = static_cast<int32_t>(nodes * per_node);
+    job.tasks_per_node = per_node;
+  } else if (job.tasks_per_node > 0) {
+    if (!tasks_given) job.tasks = job.tasks_per_node;  // one node
+    if (job.tasks % job.tasks_per_node != 0)
+      Fail(fmt::format("'tasks' {} is not a multiple of 'tasks_per_node' {}", job.tasks,
+                       job.tasks_per_node));
+  }
   if (auto it = body.find("gpus"); it != body.end())
     job.gpu_milli_per_task = Quantity<MilliGpu>(*it, "gpus", ParseGpuMilli, "1, 8 or 0.5");
   if (auto it = body.find("cpu"); it != body.end())
@@ -394,6 +428,7 @@ void to_json(json& out, const JobSubmission& value) {
              {"preemptible", value.preemptible},
              {"max_runtime", fmt::format("{}ms", value.max_runtime_ms)},
              {"grace_period", fmt::format("{}ms", value.grace_period_ms)}};
+  if (value.tasks_per_node > 0) out["tasks_per_node"] = value.tasks_per_node;
   if (value.min_gpu_memory_mib > 0)
     out["min_gpu_memory"] = fmt::format("{}Mi", value.min_gpu_memory_mib);
   if (value.runtime_estimate_ms)

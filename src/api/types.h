@@ -36,8 +36,12 @@ bool IsTerminal(JobState state);
 struct JobSubmission {
   std::string name;  // empty: the command's first word
   std::string queue = "default";
-  int32_t priority = 0;                        // higher first, within a queue
-  int32_t tasks = 1;                           // the CLI's --nodes
+  int32_t priority = 0;  // higher first, within a queue
+  int32_t tasks = 1;
+  // Exactly this many tasks on each node it uses (JobSpec::tasks_per_node); 0: tasks share nodes
+  // where they fit. JSON "nodes": N (the CLI's --nodes) asks for N distinct nodes, tasks_per_node
+  // (default 1) on each.
+  int32_t tasks_per_node = 0;
   MilliGpu gpu_milli_per_task = kMilliPerGpu;  // JSON "gpus": 0.5, 1, 8 (per task)
   MilliCpu cpu_milli_per_task = 0;             // JSON "cpu": "4", "500m", 4
   MiB memory_mib_per_task = 0;                 // JSON "memory": "16Gi", 1024

@@ -613,12 +613,21 @@ std::optional<Submission> BuildSubmission(const SubmitArgs& args, std::string& e
     }
     set("gpus", GpusJson(*milli), "--gpus");
   }
+  // --nodes N asks for N distinct nodes, --tasks-per-node (default 1) tasks on each.
   if (args.nodes) {
     if (*args.nodes < 1) {
       error = fmt::format("--nodes {}: a job needs at least 1 node", *args.nodes);
       return std::nullopt;
     }
-    set("tasks", *args.nodes, "--nodes");
+    set("nodes", *args.nodes, "--nodes");
+    body.erase("tasks");  // the flag wins over a job file's count
+  }
+  if (args.tasks_per_node) {
+    if (*args.tasks_per_node < 1) {
+      error = fmt::format("--tasks-per-node {}: at least 1", *args.tasks_per_node);
+      return std::nullopt;
+    }
+    set("tasks_per_node", *args.tasks_per_node, "--tasks-per-node");
   }
   if (!args.gpu_models.empty()) set("gpu_model", args.gpu_models, "--gpu-model");
   if (args.queue) set("queue", *args.queue, "--queue");
@@ -729,7 +738,9 @@ void AddJobCommands(CLI::App& app, JobArgs& args) {
   };
   optional_string("--gpus", submit.gpus, "GPUs per node (per task); 0.5 shares a GPU [1]");
   optional_int("--nodes", submit.nodes,
-               "Nodes: tasks started together as a gang, one per node [1]");
+               "Distinct nodes, started together as a gang (--tasks-per-node tasks on each) [1]");
+  optional_int("--tasks-per-node", submit.tasks_per_node,
+               "Tasks on each node, each with its own --gpus (torchrun's --nproc-per-node) [1]");
   command
       ->add_option("--gpu-model", submit.gpu_models,
                    "GPU model to run on, e.g. H100-80GB (repeat to accept several)")

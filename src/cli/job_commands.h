@@ -23,6 +23,7 @@ struct SubmitArgs {
   std::string file;  // -f: a YAML (or JSON) job; "-" reads stdin
   std::optional<std::string> gpus;
   std::optional<int32_t> nodes;
+  std::optional<int32_t> tasks_per_node;
   std::vector<std::string> gpu_models;
   std::optional<std::string> queue;
   std::optional<int32_t> priority;

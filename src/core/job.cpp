@@ -8,6 +8,8 @@ namespace gpufleet {
 
 std::optional<std::string> ValidateJobSpec(const JobSpec& spec) {
   if (spec.tasks < 1) return fmt::format("tasks must be at least 1, got {}", spec.tasks);
+  if (spec.tasks_per_node < 0 || (spec.tasks_per_node > 0 && spec.tasks % spec.tasks_per_node))
+    return fmt::format("{} tasks cannot be spread {} to a node", spec.tasks, spec.tasks_per_node);
   if (spec.gpu_milli_per_task < 0) return "GPUs per task must not be negative";
   if (spec.gpu_milli_per_task > kMilliPerGpu && spec.gpu_milli_per_task % kMilliPerGpu != 0)
     return fmt::format("{} milli-GPUs per task: above one GPU a task takes whole GPUs",

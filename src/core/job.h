@@ -17,6 +17,10 @@ struct JobSpec {
   int32_t priority = 0;  // higher runs first
 
   int32_t tasks = 1;
+  // 0: tasks go wherever they fit, several on one node where they fit (the fewest nodes first).
+  // k > 0: exactly k tasks on each node the job uses, so it spans tasks / k distinct nodes
+  // (Slurm's --nodes with --ntasks-per-node, torchrun's --nnodes and --nproc-per-node).
+  int32_t tasks_per_node = 0;
   // Per task: a multiple of 1000 for whole GPUs, or 1..999 for a share of one GPU.
   MilliGpu gpu_milli_per_task = kMilliPerGpu;
   MilliCpu cpu_milli_per_task = 0;
@@ -33,6 +37,8 @@ struct JobSpec {
   // Whole GPUs per task; 0 for fractional and CPU-only tasks.
   int32_t WholeGpusPerTask() const { return Fractional() ? 0 : gpu_milli_per_task / kMilliPerGpu; }
   MilliGpu TotalGpuMilli() const { return gpu_milli_per_task * tasks; }
+  // The distinct nodes it needs; 0 when its tasks may share nodes freely.
+  int32_t Nodes() const { return tasks_per_node > 0 ? tasks / tasks_per_node : 0; }
 };
 
 // Returns why the spec is malformed (zero tasks, 1.5 GPUs per task, negative CPU), or nothing.

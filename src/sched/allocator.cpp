@@ -271,6 +271,10 @@ std::optional<Allocation> Allocator::Place(const JobSpec& spec, PlacementPolicy 
     return PlaceWholeGang(spec, e, policy);
   }
 
+  // Groups on distinct nodes keep best fit's choice of nodes, as gangs do.
+  if (spec.tasks_per_node > 0)
+    return PlaceNodeGroups(spec, e,
+                           policy == PlacementPolicy::kFgd ? PlacementPolicy::kBinPack : policy);
   // Shared-GPU and CPU-only gangs are placed task by task and rolled back on failure.
   Allocation allocation;
   allocation.reserve(static_cast<size_t>(spec.tasks));
@@ -307,7 +311,7 @@ std::optional<Allocation> Allocator::PlaceWholeGang(const JobSpec& spec, const E
   }
 
   // 1. One node for the whole gang: best fit scans buckets from the smallest that can hold it.
-  if (total <= max_gpus_per_node_) {
+  if (total <= max_gpus_per_node_ && spec.Nodes() <= 1) {
     const bool ascending = policy == PlacementPolicy::kBinPack;
     for (int32_t i = 0; i <= max_gpus_per_node_ - total && chosen.empty(); ++i) {
       const int32_t b = ascending ? total + i : max_gpus_per_node_ - i;
@@ -367,6 +371,43 @@ std::optional<Allocation> Allocator::PlaceWholeGang(const JobSpec& spec, const E
   return allocation;
 }
 
+std::optional<Allocation> Allocator::PlaceNodeGroups(const JobSpec& spec, const Eligibility& e,
+                                                     PlacementPolicy policy) {
+  std::vector<int32_t> all(nodes_.size());
+  for (int32_t n = 0; n < static_cast<int32_t>(all.size()); ++n)
+    all[static_cast<size_t>(n)] = n;
+  const auto chosen = SpreadOverNodes(all, spec, e, policy);
+  if (!chosen) return std::nullopt;
+  Allocation allocation;
+  allocation.reserve(static_cast<size_t>(spec.tasks));
+  for (const auto& [node, count] : *chosen) {
+    NodeState& state = nodes_[static_cast<size_t>(node)];
+    for (int32_t t = 0; t < count; ++t) {
+      TaskPlacement task{.node = node, .gpus = {}};
+      if (spec.Fractional()) {
+        // The GPU of this node that best fit (least room that holds the share) or spread (most
+        // room) would take; TasksFit counted the shares, so one is there.
+        int32_t best = -1;
+        for (int32_t g = state.gpu_begin; g < state.gpu_begin + state.gpu_count; ++g) {
+          const MilliGpu free = gpu_free_[static_cast<size_t>(g)];
+          if (free < spec.gpu_milli_per_task || !GpuEligible(g, e)) continue;
+          const MilliGpu best_free = best < 0 ? 0 : gpu_free_[static_cast<size_t>(best)];
+          if (best < 0 ||
+              (policy == PlacementPolicy::kSpread ? free > best_free : free < best_free))
+            best = g;
+        }
+        TakeGpuMilli(best, spec.gpu_milli_per_task);
+        task.gpus.push_back({.gpu = best - state.gpu_begin, .milli = spec.gpu_milli_per_task});
+      }
+      allocation.push_back(std::move(task));
+    }
+    state.free_cpu -= spec.cpu_milli_per_task * count;
+    state.free_memory -= spec.memory_mib_per_task * count;
+    Touch(node);
+  }
+  return allocation;
+}
+
 int64_t Allocator::WholeGpuTasksAtMost(int32_t gpus_per_task) const {
   // No node holds more tasks than its free whole GPUs allow (TasksFit), and every schedulable
   // node is in the bucket of its free whole GPUs.
@@ -384,8 +425,10 @@ std::optional<std::vector<std::pair<int32_t, int32_t>>> Allocator::SpreadOverNod
   };
   std::vector<Fit> fits;
   int64_t capacity = 0;
+  const int32_t group = spec.tasks_per_node;
   for (int32_t node : candidates) {
-    const int32_t tasks = std::min(TasksFit(node, spec, e), spec.tasks);
+    int32_t tasks = std::min(TasksFit(node, spec, e), spec.tasks);
+    if (group > 0) tasks = tasks >= group ? group : 0;  // exactly its group, or none
     if (tasks <= 0) continue;
     fits.push_back({node, tasks, nodes_[static_cast<size_t>(node)].free_whole});
     capacity += tasks;
@@ -571,10 +614,15 @@ WaitReason Allocator::WhyNotNow(const JobSpec& spec) const {
   gpus_only.cpu_milli_per_task = 0;
   gpus_only.memory_mib_per_task = 0;
   const Eligibility e = EligibilityOf(spec);
-  int64_t tasks = 0;
-  for (int32_t n = 0; n < static_cast<int32_t>(nodes_.size()) && tasks < spec.tasks; ++n)
-    tasks += TasksFit(n, gpus_only, e);
-  return tasks >= spec.tasks ? WaitReason::kInsufficientCpuOrMemory : WaitReason::kInsufficientGpus;
+  // With tasks_per_node: in groups, each on a node of its own.
+  const int32_t group = spec.tasks_per_node;
+  const int64_t wanted = group > 0 ? spec.Nodes() : spec.tasks;
+  int64_t found = 0;
+  for (int32_t n = 0; n < static_cast<int32_t>(nodes_.size()) && found < wanted; ++n) {
+    const int32_t fit = TasksFit(n, gpus_only, e);
+    found += group > 0 ? (fit >= group ? 1 : 0) : fit;
+  }
+  return found >= wanted ? WaitReason::kInsufficientCpuOrMemory : WaitReason::kInsufficientGpus;
 }
 
 std::optional<WaitReason> Allocator::WhyNeverFits(const JobSpec& spec) const {
@@ -600,6 +648,7 @@ std::optional<WaitReason> Allocator::WhyNeverFits(const JobSpec& spec) const {
   // Tasks per node with nothing running: from the node's capacity, not its free state, so the
   // answer is the same on an Allocator with any commits.
   int64_t tasks = 0;
+  int64_t group_nodes = 0;  // nodes that can hold tasks_per_node of its tasks
   bool any_node = false;
   for (int32_t n = 0; n < static_cast<int32_t>(nodes_.size()); ++n) {
     const NodeState& state = nodes_[static_cast<size_t>(n)];
@@ -616,9 +665,12 @@ std::optional<WaitReason> Allocator::WhyNeverFits(const JobSpec& spec) const {
       fit = std::min(fit, node.memory_mib / spec.memory_mib_per_task);
     any_node = any_node || fit > 0;
     tasks += fit;
+    if (spec.tasks_per_node > 0 && fit >= spec.tasks_per_node) ++group_nodes;
   }
   if (!any_node) return WaitReason::kInfeasibleTaskShape;
   if (tasks < spec.tasks) return WaitReason::kInfeasibleGpuCount;
+  if (spec.tasks_per_node > 0 && group_nodes < spec.Nodes())
+    return WaitReason::kInfeasibleNodeCount;
   return std::nullopt;
 }
 

@@ -114,11 +114,16 @@ class Allocator {
 
   std::optional<Allocation> PlaceWholeGang(const JobSpec& spec, const Eligibility& eligibility,
                                            PlacementPolicy policy);
+  // Shared-GPU and CPU-only jobs with tasks_per_node: a group of that many tasks on each of
+  // tasks / tasks_per_node distinct nodes.
+  std::optional<Allocation> PlaceNodeGroups(const JobSpec& spec, const Eligibility& eligibility,
+                                            PlacementPolicy policy);
   bool PlaceSharedTask(const JobSpec& spec, const Eligibility& eligibility, PlacementPolicy policy,
                        Allocation& allocation);
   bool PlaceCpuOnlyTask(const JobSpec& spec, PlacementPolicy policy, Allocation& allocation);
-  // Chooses the nodes for `tasks` tasks among `candidates`, fewest nodes first; returns pairs of
-  // (node, task count) or nothing when they cannot hold the gang.
+  // Chooses the nodes for `tasks` tasks among `candidates`, fewest nodes first (with
+  // tasks_per_node: exactly that many on each); returns pairs of (node, task count) or nothing
+  // when they cannot hold the gang.
   std::optional<std::vector<std::pair<int32_t, int32_t>>> SpreadOverNodes(
       const std::vector<int32_t>& candidates, const JobSpec& spec, const Eligibility& eligibility,
       PlacementPolicy policy) const;

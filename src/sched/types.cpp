@@ -16,6 +16,7 @@ std::string DescribeAsk(const JobSpec& spec) {
         fmt::format("{} GPU{}", spec.WholeGpusPerTask(), spec.WholeGpusPerTask() == 1 ? "" : "s");
   }
   std::string text = spec.tasks == 1 ? gpus : fmt::format("{} tasks of {}", spec.tasks, gpus);
+  if (spec.Nodes() > 1) text += fmt::format(" on {} nodes", spec.Nodes());
   if (!spec.gpu_models.empty()) text += fmt::format(" ({})", fmt::join(spec.gpu_models, " or "));
   if (spec.min_gpu_memory_mib > 0)
     text += fmt::format(" with at least {} MiB of GPU memory", spec.min_gpu_memory_mib);
@@ -34,6 +35,7 @@ bool IsInfeasible(WaitReason reason) {
     case WaitReason::kInfeasibleGpuCount:
     case WaitReason::kInfeasibleTaskShape:
     case WaitReason::kInfeasibleGpuModel:
+    case WaitReason::kInfeasibleNodeCount:
     case WaitReason::kUnknownQueue:
     case WaitReason::kInfeasibleQuota:
       return true;
@@ -58,6 +60,8 @@ const char* WaitReasonCode(WaitReason reason) {
       return "infeasible_task_shape";
     case WaitReason::kInfeasibleGpuModel:
       return "infeasible_gpu_model";
+    case WaitReason::kInfeasibleNodeCount:
+      return "infeasible_node_count";
     case WaitReason::kOverQuota:
       return "over_quota";
     case WaitReason::kCohortExhausted:
@@ -88,6 +92,11 @@ std::string DescribeWait(WaitReason reason, const JobSpec& spec) {
                          ask);
     case WaitReason::kInfeasibleGpuModel:
       return fmt::format("can never run: the cluster has no usable GPU matching {}", ask);
+    case WaitReason::kInfeasibleNodeCount:
+      return fmt::format(
+          "can never run: it needs {} distinct nodes that each hold {} of its tasks, and fewer "
+          "nodes can",
+          spec.Nodes(), spec.tasks_per_node);
     case WaitReason::kOverQuota:
       return fmt::format(
           "waiting for quota: queue '{}' would go above its guarantee and what it "

@@ -70,6 +70,7 @@ enum class WaitReason {
   kInfeasibleGpuCount,       // more GPUs than the whole usable cluster has
   kInfeasibleTaskShape,      // no node can ever host one task (GPUs, CPU or memory per task)
   kInfeasibleGpuModel,       // no usable GPU of the asked model / memory exists
+  kInfeasibleNodeCount,      // fewer nodes than its tasks / tasks_per_node can each host a group
   // Team queues (SchedulerConfig::queues):
   kOverQuota,        // its queue would go above its guarantee plus what it may borrow
   kCohortExhausted,  // it may borrow, but the cohort has no unused guarantee left for it

@@ -185,6 +185,7 @@ JobSpec ToJobSpec(const JobRecord& job) {
   // A deployment's replicas come before the batch jobs of their queue, whatever the priorities.
   spec.priority = job.replica ? kReplicaPriority + job.spec.priority : job.spec.priority;
   spec.tasks = job.spec.tasks;
+  spec.tasks_per_node = job.spec.tasks_per_node;
   spec.gpu_milli_per_task = job.spec.gpu_milli_per_task;
   spec.cpu_milli_per_task = job.spec.cpu_milli_per_task;
   spec.memory_mib_per_task = job.spec.memory_mib_per_task;
@@ -292,12 +293,14 @@ api::TaskLaunch MakeTaskLaunch(const JobRecord& job, int32_t rank, const std::st
   launch.env["MASTER_PORT"] = std::to_string(MasterPort(job.id));
   launch.env["WORLD_SIZE"] = world;
   launch.env["RANK"] = std::to_string(rank);
-  launch.env["NODE_RANK"] = std::to_string(rank);
-  launch.env["LOCAL_RANK"] = "0";
-  launch.env["LOCAL_WORLD_SIZE"] = "1";
+  // With tasks_per_node, a node's tasks are consecutive ranks (the scheduler places them so).
+  const int32_t per_node = std::max(job.spec.tasks_per_node, 1);
+  launch.env["NODE_RANK"] = std::to_string(rank / per_node);
+  launch.env["LOCAL_RANK"] = std::to_string(rank % per_node);
+  launch.env["LOCAL_WORLD_SIZE"] = std::to_string(per_node);
   launch.env["GPUFLEET_JOB_ID"] = std::to_string(job.id);
   launch.env["GPUFLEET_TASK_INDEX"] = std::to_string(rank);
-  launch.env["GPUFLEET_NNODES"] = world;
+  launch.env["GPUFLEET_NNODES"] = std::to_string(job.tasks.size() / static_cast<size_t>(per_node));
   launch.env["GPUFLEET_ATTEMPT"] = std::to_string(job.attempt);
   // How many times the job was started before (preempted, its node lost): a job resumes from
   // its checkpoint (GPUFLEET_CHECKPOINT_DIR, set by the agent) when this is above 0.

@@ -687,7 +687,9 @@ TEST_F(AgentDaemonTest, LogsByOffsetCountEveryByteAcrossRotation) {
 }
 
 TEST_F(AgentDaemonTest, LogsByOffsetFollowARunningWorkloadInChunksOfAtMostOneMebibyte) {
-  ASSERT_NO_FATAL_FAILURE(StartAgent(SimOptions()));
+  AgentOptions options = SimOptions();
+  options.workload_logs.max_line_bytes = 0;  // one 1.5 MiB line, as written
+  ASSERT_NO_FATAL_FAILURE(StartAgent(options));
   const std::string go = (root_ / "go").string();
   Json body = {{"id", "follower"},
                {"argv",

@@ -61,6 +61,41 @@ TEST(JobSubmission, DefaultsToOneWholeGpu) {
   EXPECT_EQ(job->grace_period_ms, 30'000);
 }
 
+// "nodes" asks for distinct nodes, tasks_per_node (default 1) tasks on each; they and "tasks"
+// must agree, and survive a round trip as tasks and tasks_per_node.
+TEST(JobSubmission, NodesAndTasksPerNode) {
+  std::string error;
+  auto job = ParseJobSubmissionText(R"({"command": ["x"], "nodes": 3})", error);
+  ASSERT_TRUE(job) << error;
+  EXPECT_EQ(job->tasks, 3);
+  EXPECT_EQ(job->tasks_per_node, 1);
+  job = ParseJobSubmissionText(R"({"command": ["x"], "nodes": 2, "tasks_per_node": 4})", error);
+  ASSERT_TRUE(job) << error;
+  EXPECT_EQ(job->tasks, 8);
+  EXPECT_EQ(job->tasks_per_node, 4);
+  const JobSubmission again = nlohmann::json(*job).get<JobSubmission>();
+  EXPECT_EQ(again.tasks, 8);
+  EXPECT_EQ(again.tasks_per_node, 4);
+  job = ParseJobSubmissionText(R"({"command": ["x"], "tasks_per_node": 2})", error);
+  ASSERT_TRUE(job) << error;
+  EXPECT_EQ(job->tasks, 2);  // one node
+  job = ParseJobSubmissionText(R"({"command": ["x"], "tasks": 4})", error);
+  ASSERT_TRUE(job) << error;
+  EXPECT_EQ(job->tasks_per_node, 0);  // anywhere, as before
+  EXPECT_EQ(nlohmann::json(*job).count("tasks_per_node"), 0u);
+  EXPECT_NE(ErrorOf(R"({"command": ["x"], "nodes": 2, "tasks": 3})")
+                .find("'tasks' 3 is not 'nodes' 2 x 'tasks_per_node' 1"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(R"({"command": ["x"], "tasks": 3, "tasks_per_node": 2})")
+                .find("'tasks' 3 is not a multiple of 'tasks_per_node' 2"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(R"({"command": ["x"], "nodes": 0})").find("'nodes' must be between"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(R"({"command": ["x"], "nodes": 1000, "tasks_per_node": 1000})")
+                .find("more than 100000 tasks"),
+            std::string::npos);
+}
+
 TEST(JobSubmission, NamesEachMistake) {
   EXPECT_NE(ErrorOf("{").find("malformed JSON"), std::string::npos);
   EXPECT_NE(ErrorOf("[1]").find("must be a JSON object"), std::string::npos);

@@ -74,6 +74,10 @@ def test_cli_submit_logs_cancel(gpufleet):
         # More GPUs than the cluster has: refused at once, with the reason, and nothing stored.
         refused = cluster.cli("submit", "--gpus", "8", "--nodes", "2", "--", "true", check_code=1)
         check("GPU" in refused.stderr, f"impossible job: {refused.stderr!r}")
+        # Two distinct nodes on a cluster of one: refused, though its two GPUs are free.
+        refused = cluster.cli("submit", "--gpus", "1", "--nodes", "2", "--", "true", check_code=1)
+        check("needs 2 distinct nodes that each hold 1 of its tasks" in refused.stderr,
+              f"a 2-node job on one node: {refused.stderr!r}")
         status, body = api(cluster.url, cluster.admin_token, "POST", "/api/v1/jobs",
                            '{"command": ["true"], "gpus": 1, "colour": "red"}')
         check(status == 400 and "colour" in body.get("error", ""), f"unknown field: {body}")

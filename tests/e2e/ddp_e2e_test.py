@@ -1,6 +1,6 @@
 """A real distributed training job: Debian's python3-torch runs tests/e2e/ddp_train.py as a
-2-task gang job, each task on its own agent (separate loopback addresses, one GPU each, so the
-gang must span both nodes), rendezvousing through the MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE
+job on 2 nodes (`"nodes": 2`: one task on each of two agents on separate loopback addresses;
+each has 2 GPUs, so only the job's ask keeps both tasks off one node), rendezvousing through the MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE
 gpufleet gives it, over gloo on the CPU. The job must succeed with the loss going down.
 
 Usage: ddp_e2e_test.py path/to/gpufleet"""
@@ -17,9 +17,9 @@ SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ddp_train.py"
 def test_two_node_ddp_training(gpufleet):
     with Cluster(gpufleet, "ddp") as cluster:
         cluster.start_server()
-        cluster.start_agent("node-a", "127.0.0.2", gpus="1xH100-80GB")
-        cluster.start_agent("node-b", "127.0.0.3", gpus="1xH100-80GB")
-        job = cluster.submit({"name": "ddp", "tasks": 2, "gpus": 1,
+        cluster.start_agent("node-a", "127.0.0.2", gpus="2xH100-80GB")
+        cluster.start_agent("node-b", "127.0.0.3", gpus="2xH100-80GB")
+        job = cluster.submit({"name": "ddp", "nodes": 2, "gpus": 1,
                               "command": [TORCH_PYTHON, SCRIPT]})
         done = cluster.wait_state(job["id"], ("succeeded", "failed", "cancelled"), timeout=180)
         rank0 = cluster.logs(job["id"], task=0)

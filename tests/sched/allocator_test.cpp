@@ -146,6 +146,62 @@ TEST(AllocatorPlace, TwoTaskGangOnOneNodeTakesOneIslandPerTask) {
   EXPECT_EQ(*allocation, (Allocation{Task(0, {0, 1, 2, 3}), Task(0, {4, 5, 6, 7})}));
 }
 
+JobSpec OnNodes(JobSpec spec, int32_t tasks_per_node) {
+  spec.tasks_per_node = tasks_per_node;
+  return spec;
+}
+
+// tasks_per_node: a group on each of tasks / tasks_per_node distinct nodes, however much room
+// one node has; a node's tasks are consecutive, in the order of the nodes.
+TEST(AllocatorPlace, TasksPerNodeSpreadsTheGangOverDistinctNodes) {
+  const Cluster cluster = Uniform(3, 8);
+  Allocator allocator(cluster);
+  Occupy(allocator, 100, 1, {0, 1, 2, 3, 4, 5});  // node 1 holds 2 GPUs, too few for a group
+  auto allocation = allocator.Place(OnNodes(GpuJob(1, 2, 1000), 1), PlacementPolicy::kBinPack);
+  ASSERT_TRUE(allocation.has_value());
+  ASSERT_EQ(allocation->size(), 2u);
+  EXPECT_NE((*allocation)[0].node, (*allocation)[1].node);
+  allocation = allocator.Place(OnNodes(GpuJob(2, 4, 2000), 2), PlacementPolicy::kBinPack);
+  ASSERT_TRUE(allocation.has_value());
+  // Nodes 0 and 2 each have 7 free: 2 tasks of 2 GPUs on each; node 1's 2 free GPUs hold only
+  // one task of 2, not a group.
+  std::vector<int32_t> nodes;
+  for (const TaskPlacement& task : *allocation)
+    nodes.push_back(task.node);
+  EXPECT_EQ(nodes[0], nodes[1]);
+  EXPECT_EQ(nodes[2], nodes[3]);
+  EXPECT_NE(nodes[0], nodes[2]);
+  EXPECT_NE(nodes[0], 1);
+  EXPECT_NE(nodes[2], 1);
+  // Without tasks_per_node the same gang packs onto one node.
+  Allocator packed(cluster);
+  allocation = packed.Place(GpuJob(3, 2, 1000), PlacementPolicy::kBinPack);
+  ASSERT_TRUE(allocation.has_value());
+  EXPECT_EQ((*allocation)[0].node, (*allocation)[1].node);
+}
+
+TEST(AllocatorPlace, TasksPerNodeForSharesAndCpuOnlyTasks) {
+  const Cluster cluster = Uniform(2, 2);
+  Allocator allocator(cluster);
+  auto allocation = allocator.Place(OnNodes(GpuJob(1, 2, 500), 1), PlacementPolicy::kBinPack);
+  ASSERT_TRUE(allocation.has_value());
+  EXPECT_EQ(*allocation, (Allocation{Task(0, {0}, 500), Task(1, {0}, 500)}));
+  // Best fit fills the shared GPU of each node before opening another.
+  allocation = allocator.Place(OnNodes(GpuJob(2, 4, 250), 2), PlacementPolicy::kBinPack);
+  ASSERT_TRUE(allocation.has_value());
+  EXPECT_EQ(*allocation, (Allocation{Task(0, {0}, 250), Task(0, {0}, 250), Task(1, {0}, 250),
+                                     Task(1, {0}, 250)}));
+  JobSpec cpu = OnNodes(GpuJob(3, 2, 0), 1);
+  cpu.cpu_milli_per_task = 1000;
+  allocation = allocator.Place(cpu, PlacementPolicy::kBinPack);
+  ASSERT_TRUE(allocation.has_value());
+  EXPECT_NE((*allocation)[0].node, (*allocation)[1].node);
+  // Three groups on two nodes: never, and nothing is taken.
+  const int64_t free = allocator.FreeGpuMilli();
+  EXPECT_FALSE(allocator.Place(OnNodes(GpuJob(4, 3, 250), 1), PlacementPolicy::kBinPack));
+  EXPECT_EQ(allocator.FreeGpuMilli(), free);
+}
+
 TEST(AllocatorPlace, GangOfTwoFullNodesStaysInOneRack) {
   // Racks {0,1} and {2,3}. One busy GPU on node 1 leaves rack 0 unable to hold 2x8; placing
   // anywhere would take nodes 0 and 2 across racks.
@@ -494,6 +550,16 @@ TEST(CheckFeasible, TellsWhyAJobCanNeverRun) {
   JobSpec cpu = WholeGpus(1, 1);
   cpu.cpu_milli_per_task = cluster.nodes[0].cpu_milli + 1;
   EXPECT_EQ(CheckFeasible(cluster, cpu), WaitReason::kInfeasibleTaskShape);
+  // Two tasks fit the two nodes, but three distinct nodes they have not.
+  EXPECT_FALSE(CheckFeasible(cluster, OnNodes(GpuJob(1, 2, 1000), 1)).has_value());
+  EXPECT_EQ(CheckFeasible(cluster, OnNodes(GpuJob(1, 3, 1000), 1)),
+            WaitReason::kInfeasibleNodeCount);
+  EXPECT_EQ(CheckFeasible(cluster, OnNodes(GpuJob(1, 4, 1000), 2)), std::nullopt);
+  EXPECT_EQ(CheckFeasible(cluster, OnNodes(GpuJob(1, 4, 8000), 2)),
+            WaitReason::kInfeasibleGpuCount);
+  EXPECT_EQ(DescribeWait(WaitReason::kInfeasibleNodeCount, OnNodes(GpuJob(1, 3, 1000), 1)),
+            "can never run: it needs 3 distinct nodes that each hold 1 of its tasks, and fewer "
+            "nodes can");
 }
 
 TEST(CheckFeasible, IgnoresUnusableCapacity) {

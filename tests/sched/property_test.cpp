@@ -95,6 +95,8 @@ JobSpec RandomSpec(Random& random, JobId id, TimeMs now) {
   spec.name = "job-" + std::to_string(id);
   spec.priority = static_cast<int32_t>(random.Int(0, 2));
   spec.tasks = static_cast<int32_t>(random.Pick<int64_t>({1, 1, 1, 1, 2, 2, 3, 4}));
+  if (spec.tasks > 1 && random.Chance(0.3))
+    spec.tasks_per_node = spec.tasks % 2 == 0 && random.Chance(0.5) ? 2 : 1;
   spec.gpu_milli_per_task = static_cast<MilliGpu>(
       random.Pick<int64_t>({0, 250, 300, 500, 1000, 1000, 1000, 2000, 2000, 4000, 8000, 16000}));
   if (random.Chance(0.4)) spec.cpu_milli_per_task = random.Pick<MilliCpu>({1'000, 4'000, 16'000});
@@ -267,34 +269,45 @@ struct Ledger {
     }
     return out.str();
   }
-  // How many tasks of the job fit now, from the ledger alone.
+  // Whether the job fits now, from the ledger alone: enough tasks in all, and with tasks_per_node
+  // enough nodes that each hold a group.
+  bool Fits(const JobSpec& spec) const {
+    if (spec.tasks_per_node == 0) return TasksThatFit(spec) >= spec.tasks;
+    int64_t nodes = 0;
+    for (size_t n = 0; n < cluster_.nodes.size(); ++n)
+      nodes += FitOn(n, spec) >= spec.tasks_per_node ? 1 : 0;
+    return nodes >= spec.Nodes();
+  }
+  // How many tasks of the job fit now, in all and on node n.
   int64_t TasksThatFit(const JobSpec& spec) const {
     int64_t total = 0;
-    for (size_t n = 0; n < cluster_.nodes.size(); ++n) {
-      const Node& node = cluster_.nodes[n];
-      if (!node.schedulable) continue;
-      int64_t fit = std::numeric_limits<int32_t>::max();
-      if (spec.gpu_milli_per_task > 0) {
-        fit = 0;
-        for (size_t g = 0; g < node.gpus.size(); ++g) {
-          const Gpu& gpu = node.gpus[g];
-          if (!gpu.healthy || !GpuMatches(gpu, spec)) continue;
-          const int64_t free = kMilliPerGpu - gpu_used[n][g];
-          if (spec.Fractional()) {
-            fit += free / spec.gpu_milli_per_task;
-          } else {
-            fit += free == kMilliPerGpu ? 1 : 0;
-          }
-        }
-        if (!spec.Fractional()) fit /= spec.WholeGpusPerTask();
-      }
-      if (spec.cpu_milli_per_task > 0)
-        fit = std::min(fit, (node.cpu_milli - cpu_used[n]) / spec.cpu_milli_per_task);
-      if (spec.memory_mib_per_task > 0)
-        fit = std::min(fit, (node.memory_mib - memory_used[n]) / spec.memory_mib_per_task);
-      total += std::max<int64_t>(0, fit);
-    }
+    for (size_t n = 0; n < cluster_.nodes.size(); ++n)
+      total += FitOn(n, spec);
     return total;
+  }
+  int64_t FitOn(size_t n, const JobSpec& spec) const {
+    const Node& node = cluster_.nodes[n];
+    if (!node.schedulable) return 0;
+    int64_t fit = std::numeric_limits<int32_t>::max();
+    if (spec.gpu_milli_per_task > 0) {
+      fit = 0;
+      for (size_t g = 0; g < node.gpus.size(); ++g) {
+        const Gpu& gpu = node.gpus[g];
+        if (!gpu.healthy || !GpuMatches(gpu, spec)) continue;
+        const int64_t free = kMilliPerGpu - gpu_used[n][g];
+        if (spec.Fractional()) {
+          fit += free / spec.gpu_milli_per_task;
+        } else {
+          fit += free == kMilliPerGpu ? 1 : 0;
+        }
+      }
+      if (!spec.Fractional()) fit /= spec.WholeGpusPerTask();
+    }
+    if (spec.cpu_milli_per_task > 0)
+      fit = std::min(fit, (node.cpu_milli - cpu_used[n]) / spec.cpu_milli_per_task);
+    if (spec.memory_mib_per_task > 0)
+      fit = std::min(fit, (node.memory_mib - memory_used[n]) / spec.memory_mib_per_task);
+    return std::max<int64_t>(0, fit);
   }
   int64_t FreeUsableGpuMilli() const {
     int64_t free = 0;
@@ -315,6 +328,17 @@ struct Ledger {
 // Checks that a placement has the job's gang shape and only uses GPUs the job may use.
 void CheckShape(const Cluster& cluster, const JobSpec& spec, const Allocation& allocation) {
   ASSERT_EQ(static_cast<int32_t>(allocation.size()), spec.tasks) << "job " << spec.id;
+  if (spec.tasks_per_node > 0) {
+    // Exactly tasks_per_node tasks on each of Nodes() distinct nodes, a node's tasks together.
+    std::set<int32_t> nodes;
+    for (size_t t = 0; t < allocation.size(); t += static_cast<size_t>(spec.tasks_per_node)) {
+      EXPECT_TRUE(nodes.insert(allocation[t].node).second)
+          << "job " << spec.id << " uses node " << allocation[t].node << " for two groups";
+      for (size_t u = t; u < t + static_cast<size_t>(spec.tasks_per_node); ++u)
+        EXPECT_EQ(allocation[u].node, allocation[t].node) << "job " << spec.id << " task " << u;
+    }
+    EXPECT_EQ(static_cast<int32_t>(nodes.size()), spec.Nodes()) << "job " << spec.id;
+  }
   for (const TaskPlacement& task : allocation) {
     ASSERT_GE(task.node, 0);
     ASSERT_LT(task.node, static_cast<int32_t>(cluster.nodes.size()));
@@ -437,7 +461,7 @@ void CheckDecisions(const Case& c, const Decisions& decisions) {
       if (reason != WaitReason::kInsufficientGpus && reason != WaitReason::kInsufficientCpuOrMemory)
         continue;
       const JobSpec& spec = pending[id]->spec;
-      EXPECT_LT(ledger.TasksThatFit(spec), spec.tasks)
+      EXPECT_FALSE(ledger.Fits(spec))
           << "job " << id << " waits with " << WaitReasonCode(reason) << " but fits";
     }
   }
@@ -525,9 +549,10 @@ TEST(ScheduleProperty, SmallClusters) {
   EXPECT_GT(coverage.multi_node_gangs, 20);
   EXPECT_GT(coverage.preemptions, 50);
   EXPECT_GT(coverage.las_demotions, 10);
-  for (const char* code : {"insufficient_gpus", "insufficient_cpu_or_memory",
-                           "blocked_by_queue_head", "reserved_for_earlier_job",
-                           "infeasible_gpu_count", "infeasible_task_shape", "infeasible_gpu_model"})
+  for (const char* code :
+       {"insufficient_gpus", "insufficient_cpu_or_memory", "blocked_by_queue_head",
+        "reserved_for_earlier_job", "infeasible_gpu_count", "infeasible_task_shape",
+        "infeasible_gpu_model", "infeasible_node_count"})
     EXPECT_GT(coverage.waits[code], 10) << code;
   std::ostringstream summary;
   summary << coverage.placements << " placements (" << coverage.gang_placements << " gangs, "
@@ -1256,7 +1281,7 @@ TEST(AllocatorProperty, PlaceSucceedsExactlyWhenTheJobFits) {
         held.erase(held.begin() + static_cast<std::ptrdiff_t>(i));
       } else {
         const JobSpec spec = RandomSpec(random, static_cast<JobId>(step + 1), 1'000'000);
-        const bool fits = ledger.TasksThatFit(spec) >= spec.tasks;
+        const bool fits = ledger.Fits(spec);
         const auto policy =
             random.Pick<PlacementPolicy>({PlacementPolicy::kBinPack, PlacementPolicy::kSpread});
         auto allocation = allocator.Place(spec, policy);

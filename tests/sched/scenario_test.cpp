@@ -260,10 +260,13 @@ MilliGpu ParseGpusPerTask(const YAML::Node& yaml) {
   return static_cast<MilliGpu>(std::lround(milli));
 }
 
-const std::initializer_list<std::string_view> kSpecKeys = {
-    "id",         "name",       "queue",      "priority",           "tasks",     "gpus_per_task",
-    "cpu_milli",  "memory_mib", "gpu_models", "min_gpu_memory_mib", "submit_ms", "estimate_ms",
-    "preemptible"};
+const std::initializer_list<std::string_view> kSpecKeys = {"id",          "name",
+                                                           "queue",       "priority",
+                                                           "tasks",       "gpus_per_task",
+                                                           "cpu_milli",   "memory_mib",
+                                                           "gpu_models",  "min_gpu_memory_mib",
+                                                           "submit_ms",   "estimate_ms",
+                                                           "preemptible", "tasks_per_node"};
 
 JobSpec MakeSpec(const YAML::Node& yaml) {
   JobSpec spec;
@@ -273,6 +276,7 @@ JobSpec MakeSpec(const YAML::Node& yaml) {
   spec.queue = Get(yaml, "queue", spec.queue);
   spec.priority = Get(yaml, "priority", spec.priority);
   spec.tasks = Get(yaml, "tasks", spec.tasks);
+  spec.tasks_per_node = Get(yaml, "tasks_per_node", spec.tasks_per_node);
   if (const YAML::Node gpus = yaml["gpus_per_task"])
     spec.gpu_milli_per_task = ParseGpusPerTask(gpus);
   spec.cpu_milli_per_task = Get<MilliCpu>(yaml, "cpu_milli", 0);
@@ -335,8 +339,8 @@ std::optional<WaitReason> ParseWaitReason(std::string_view code) {
        {WaitReason::kInsufficientGpus, WaitReason::kInsufficientCpuOrMemory,
         WaitReason::kBlockedByQueueHead, WaitReason::kReservedForEarlierJob,
         WaitReason::kInfeasibleGpuCount, WaitReason::kInfeasibleTaskShape,
-        WaitReason::kInfeasibleGpuModel, WaitReason::kOverQuota, WaitReason::kCohortExhausted,
-        WaitReason::kUnknownQueue, WaitReason::kInfeasibleQuota})
+        WaitReason::kInfeasibleGpuModel, WaitReason::kInfeasibleNodeCount, WaitReason::kOverQuota,
+        WaitReason::kCohortExhausted, WaitReason::kUnknownQueue, WaitReason::kInfeasibleQuota})
     if (code == WaitReasonCode(reason)) return reason;
   return std::nullopt;
 }

@@ -281,5 +281,21 @@ TEST(Lifecycle, TaskLaunchHasTheGangEnvironmentWhichTheJobCannotOverride) {
             "/shared/ckpt/job-7");
 }
 
+// Several tasks on each node: a node's ranks are consecutive, LOCAL_RANK counts within it.
+TEST(Lifecycle, TasksPerNodeSetsNodeAndLocalRanks) {
+  JobRecord job = PendingJob(4, 1000);
+  job.spec.tasks_per_node = 2;
+  PlaceJob(job, Tasks(job, {"n1", "n1", "n2", "n2"}), "placed", 2000);
+  const api::TaskLaunch launch = MakeTaskLaunch(job, 3, "10.0.0.1");
+  EXPECT_EQ(launch.env.at("RANK"), "3");
+  EXPECT_EQ(launch.env.at("WORLD_SIZE"), "4");
+  EXPECT_EQ(launch.env.at("NODE_RANK"), "1");
+  EXPECT_EQ(launch.env.at("LOCAL_RANK"), "1");
+  EXPECT_EQ(launch.env.at("LOCAL_WORLD_SIZE"), "2");
+  EXPECT_EQ(launch.env.at("GPUFLEET_NNODES"), "2");
+  EXPECT_EQ(launch.user, "alice");
+  EXPECT_EQ(ToJobSpec(job).tasks_per_node, 2);
+}
+
 }  // namespace
 }  // namespace gpufleet::server
