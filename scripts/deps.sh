@@ -12,6 +12,7 @@ packages=(
   clang-format python3
   python3-torch  # the end-to-end DDP training job (gloo, CPU) and the reference model server
   prometheus  # the agent's integration test scrapes it with a real Prometheus server
+  etcd-server  # the etcd store backend: its conformance suite runs against a real etcd
 )
 # `scripts/deps.sh fuzz` (make fuzz): libFuzzer comes with clang.
 if [[ "${1:-}" == "fuzz" ]]; then

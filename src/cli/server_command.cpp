@@ -16,6 +16,7 @@
 #include "sched/policy.h"
 #include "server/server.h"
 #include "sim/queues.h"
+#include "store/etcd_store.h"
 
 namespace gpufleet::cli {
 namespace {
@@ -275,6 +276,16 @@ CLI::App* AddServerCommand(CLI::App& app, ServerArgs& args) {
       "server", "Run the control plane: the HTTP API, the scheduler and the state store");
   command->add_option("--data-dir", args.data_dir, "State: the store, the first admin token")
       ->capture_default_str();
+  command
+      ->add_option("--store", args.store,
+                   "sqlite (DATA_DIR/state.db), or etcd://HOST:PORT,...[/PREFIX] for servers "
+                   "that share one state: one leads, the others wait as standbys")
+      ->capture_default_str();
+  command
+      ->add_option("--etcd-lease", args.etcd_lease,
+                   "With etcd: how long the lock of a server that died outlives it, so how "
+                   "soon a standby takes over")
+      ->capture_default_str();
   command->add_option("--listen", args.listen, "Address to serve the API on (HOST:PORT)")
       ->capture_default_str();
   command
@@ -310,12 +321,74 @@ CLI::App* AddServerCommand(CLI::App& app, ServerArgs& args) {
   return command;
 }
 
+namespace {
+
+// With an etcd store: the store, once this server holds its lock. A standby waits here, saying
+// so once, until the leader's lock is gone (it stopped, or its lease ran out) or a stop signal
+// comes (then nothing, and `stopped`). Throws StoreError for anything but a held lock.
+std::unique_ptr<store::Store> WaitForEtcdLock(const store::EtcdOptions& etcd,
+                                              const sigset_t& stop_signals, bool& stopped) {
+  bool said = false;
+  while (true) {
+    try {
+      return store::OpenEtcdStore(etcd);
+    } catch (const store::EtcdLockHeld& held) {
+      if (!said) {
+        fmt::print("gpufleet server {}: standby: {}; taking over when it is free\n", kVersion,
+                   held.what());
+        std::fflush(stdout);
+        said = true;
+      }
+    }
+    const timespec pause{0, 250'000'000};
+    siginfo_t info{};
+    if (::sigtimedwait(&stop_signals, &info, &pause) > 0) {
+      stopped = true;
+      return nullptr;
+    }
+  }
+}
+
+}  // namespace
+
 int RunServer(const ServerArgs& args) {
   auto options = Options(args);
   if (!options) return kExitUsage;
+  std::optional<store::EtcdOptions> etcd;
+  if (args.store != "sqlite") {
+    std::string error;
+    etcd = store::ParseEtcdUrl(args.store, error);
+    auto lease_ms = etcd ? PositiveDuration("--etcd-lease", args.etcd_lease) : std::nullopt;
+    if (!etcd) fmt::print(stderr, "error: --store {}\n", error);
+    if (!etcd || !lease_ms) return kExitUsage;
+    etcd->lease_ttl_s = static_cast<int>(std::max<TimeMs>(2, (*lease_ms + 999) / 1000));
+    // The store is elsewhere, but the first admin token is written here.
+    std::error_code dir_error;
+    std::filesystem::create_directories(args.data_dir, dir_error);
+    if (dir_error) {
+      fmt::print(stderr, "error: --data-dir {}: {}\n", args.data_dir, dir_error.message());
+      return kExitFailure;
+    }
+  }
   // Blocked before any thread starts, so every thread inherits the mask and the signals are
   // read here, synchronously.
   const sigset_t stop_signals = BlockStopSignals();
+  if (etcd) {
+    bool stopped = false;
+    auto held = std::make_shared<std::unique_ptr<store::Store>>();
+    try {
+      *held = WaitForEtcdLock(*etcd, stop_signals, stopped);
+    } catch (const store::StoreError& error) {
+      fmt::print(stderr, "error: {}\n", error.what());
+      return kExitFailure;
+    }
+    if (stopped) return 0;
+    // The server opens its store through this, once: the one whose lock this process holds.
+    options->open_store = [held](const std::string&) {
+      if (!*held) throw store::StoreError("the etcd store was handed over already");
+      return std::move(*held);
+    };
+  }
 
   const sched::SchedulerConfig scheduler = options->scheduler;
   auto opened = server::Server::Open(*options);

@@ -36,6 +36,9 @@ std::optional<TimeMs> PositiveDuration(const std::string& flag, const std::strin
 // Flags of `gpufleet server`, as typed; RunServer validates them.
 struct ServerArgs {
   std::string data_dir = ".gpufleet/server";
+  // "sqlite" (DATA_DIR/state.db) or "etcd://HOST:PORT,...[/PREFIX]" (docs/store.md).
+  std::string store = "sqlite";
+  std::string etcd_lease = "3s";  // how long a dead server's etcd lock outlives it
   std::string listen = "127.0.0.1:8080";
   std::string node_timeout = "30s";
   std::string heartbeat = "5s";

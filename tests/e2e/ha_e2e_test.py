@@ -1,0 +1,197 @@
+"""Servers sharing one etcd (Debian's etcd-server, started here on loopback): one leads, the
+others wait as standbys; a standby takes over when the leader is killed, with every acknowledged
+job; a leader that stalled past its lease and comes back writes nothing (fencing) and exits.
+docs/ha.md has the measured takeover times.
+
+Usage: ha_e2e_test.py path/to/gpufleet [test-name ...]"""
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from e2e_testlib import Process, api, check, die_with_parent, http, run_tests, wait_until
+
+ETCD = "/usr/bin/etcd"
+LEASE_S = 2
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Etcd:
+    """One etcd member on loopback with a data dir of its own."""
+
+    def __init__(self, root):
+        check(os.access(ETCD, os.X_OK),
+              f"{ETCD} is missing (Debian package 'etcd-server'; `make deps` installs it)")
+        self.client, peer = free_port(), free_port()
+        client_url, peer_url = f"http://127.0.0.1:{self.client}", f"http://127.0.0.1:{peer}"
+        self.log = open(os.path.join(root, "etcd.log"), "ab")
+        self.process = subprocess.Popen(
+            [ETCD, "--name", "m0", "--data-dir", os.path.join(root, "etcd"),
+             "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
+             "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+             "--initial-cluster", f"m0={peer_url}", "--max-txn-ops", "20000",
+             "--max-request-bytes", "67108864", "--logger", "zap", "--log-level", "error"],
+            stdout=self.log, stderr=self.log, preexec_fn=die_with_parent)
+        wait_until(lambda: http("GET", client_url + "/health")[0] == 200, 20, "etcd healthy")
+
+    def stop(self):
+        self.process.kill()
+        self.process.wait(10)
+        self.log.close()
+
+
+class HaCluster:
+    def __init__(self, gpufleet, name):
+        self.gpufleet = gpufleet
+        self.root = tempfile.mkdtemp(prefix=f"gpufleet-e2e-{name}-")
+        self.etcd = Etcd(self.root)
+        self.store = f"etcd://127.0.0.1:{self.etcd.client}/ha"
+        self.servers = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for server in self.servers:
+            if server.process.poll() is None:
+                server.process.kill()
+        self.etcd.stop()
+        if exc[0] is None:
+            shutil.rmtree(self.root, ignore_errors=True)
+        else:
+            print(f"kept {self.root} for inspection", file=sys.stderr)
+        return False
+
+    def start_server(self, name):
+        server = Process([self.gpufleet, "server", "--data-dir", os.path.join(self.root, name),
+                          "--listen", "127.0.0.1:0", "--store", self.store,
+                          "--etcd-lease", f"{LEASE_S}s"],
+                         os.path.join(self.root, f"{name}.log"), name)
+        server.data_dir = os.path.join(self.root, name)
+        self.servers.append(server)
+        return server
+
+    @staticmethod
+    def url_of(server, timeout=20):
+        return server.read_until(r"listening on (http://[\d.:]+)", timeout).group(1)
+
+    def admin_token(self, server):
+        path = os.path.join(server.data_dir, "admin-token")
+        server.read_until(r"admin token: created")  # written once the store holds it
+        wait_until(lambda: os.path.exists(path), 10, f"{path}")
+        with open(path) as file:
+            return file.read().strip()
+
+
+def job_names(url, token):
+    status, body = api(url, token, "GET", "/api/v1/jobs?limit=10000")
+    check(status == 200, f"GET jobs: {status} {body}")
+    return [job["spec"]["name"] for job in body["jobs"]]
+
+
+def test_standby_takes_over_after_kill9_with_every_acknowledged_job(gpufleet):
+    """Leader A under a steady submit load is killed with SIGKILL; standby B, which said it
+    waits, takes over within the lease and serves every job A acknowledged, each once. B then
+    stops with SIGTERM (its lease revoked) and standby C takes over at once."""
+    with HaCluster(gpufleet, "ha-kill9") as cluster:
+        leader = cluster.start_server("a")
+        url = cluster.url_of(leader)
+        token = cluster.admin_token(leader)
+        standby = cluster.start_server("b")
+        standby.read_until(r"standby: etcd keys 'ha/' are in use by another gpufleet server")
+        acknowledged = []
+        lock = threading.Lock()
+        stop = threading.Event()
+
+        def submitter(worker):
+            n = 0
+            while not stop.is_set():
+                try:
+                    status, body = api(url, token, "POST", "/api/v1/jobs",
+                                       {"command": ["true"], "gpus": 1, "name": f"w{worker}-{n}"},
+                                       timeout=5)
+                except OSError:
+                    return  # the leader is gone: what it did not answer it did not promise
+                if status == 201:
+                    with lock:
+                        acknowledged.append(body["spec"]["name"])
+                n += 1
+
+        threads = [threading.Thread(target=submitter, args=(i,)) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        wait_until(lambda: len(acknowledged) >= 100, 30, "100 acknowledged submissions")
+        leader.process.kill()
+        killed = time.monotonic()
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+        new_url = cluster.url_of(standby, timeout=LEASE_S + 15)
+        took_over = time.monotonic() - killed
+        names = job_names(new_url, token)
+        check(sorted(set(names)) == sorted(names), "a job is listed twice")
+        missing = set(acknowledged) - set(names)
+        check(not missing, f"{len(missing)} acknowledged jobs lost, e.g. {sorted(missing)[:3]}")
+        status, body = api(new_url, token, "POST", "/api/v1/jobs",
+                           {"command": ["true"], "gpus": 1, "name": "after"})
+        check(status == 201, f"submitting to the new leader: {status} {body}")
+        print(f"  standby took over {took_over:.2f} s after the leader's SIGKILL (lease {LEASE_S}"
+              f" s); {len(acknowledged)} acknowledged jobs all there, once each")
+
+        third = cluster.start_server("c")
+        third.read_until(r"standby:")
+        standby.stop()
+        stopped = time.monotonic()
+        cluster.url_of(third, timeout=15)
+        print(f"  after a SIGTERM the next standby took over in {time.monotonic() - stopped:.2f} s")
+
+
+def test_a_leader_that_stalled_past_its_lease_writes_nothing(gpufleet):
+    """Leader A is frozen (SIGSTOP) past its lease; standby B takes over and accepts a job. A,
+    thawed, still serves its port: its next write is refused by etcd's compare on the lock (so
+    it answers 5xx and stores nothing), and it exits to become a standby under its supervisor."""
+    with HaCluster(gpufleet, "ha-fence") as cluster:
+        leader = cluster.start_server("a")
+        url = cluster.url_of(leader)
+        token = cluster.admin_token(leader)
+        standby = cluster.start_server("b")
+        standby.read_until(r"standby:")
+        status, _ = api(url, token, "POST", "/api/v1/jobs",
+                        {"command": ["true"], "gpus": 1, "name": "before"})
+        check(status == 201, f"first submission: {status}")
+        leader.process.send_signal(signal.SIGSTOP)
+        new_url = cluster.url_of(standby, timeout=LEASE_S + 15)
+        status, _ = api(new_url, token, "POST", "/api/v1/jobs",
+                        {"command": ["true"], "gpus": 1, "name": "on-b"})
+        check(status == 201, f"submission to B: {status}")
+        leader.process.send_signal(signal.SIGCONT)
+        status, body = api(url, token, "POST", "/api/v1/jobs",
+                           {"command": ["true"], "gpus": 1, "name": "from-the-old-leader"},
+                           timeout=15)
+        check(status >= 500, f"the deposed leader acknowledged a write: {status} {body}")
+        check(leader.process.wait(20) == 1, "the deposed leader did not exit with status 1")
+        check(re.search(r"no longer holds the lock", leader.log_tail()),
+              f"the deposed leader's log: {leader.log_tail()}")
+        names = job_names(new_url, token)
+        check("from-the-old-leader" not in names and {"before", "on-b"} <= set(names),
+              f"jobs on B: {names}")
+
+
+TESTS = [test_standby_takes_over_after_kill9_with_every_acknowledged_job,
+         test_a_leader_that_stalled_past_its_lease_writes_nothing]
+
+if __name__ == "__main__":
+    wanted = sys.argv[2:]
+    run_tests([test for test in TESTS if not wanted or test.__name__ in wanted])
