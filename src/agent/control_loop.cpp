@@ -27,9 +27,12 @@
 #include "api/types.h"
 #include "core/version.h"
 #include "net/http_client.h"
+#include "net/server_urls.h"
 
 namespace gpufleet::agent {
 namespace {
+
+constexpr std::string_view kSyncPath = "/api/v1/agents/sync";
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
@@ -118,7 +121,8 @@ struct PendingCall {
 struct ControlLoop::State {
   AgentCore& core;
   ControlLoopOptions options;
-  std::string sync_url;
+  std::optional<net::ServerUrls> servers;  // the server, or servers of which one leads
+  std::string SyncUrl() const { return servers->current() + std::string(kSyncPath); }
   std::shared_ptr<Wakeup> wakeup = std::make_shared<Wakeup>();
   std::thread thread;
   MilliCpu cpu_milli = MachineCpuMilli();
@@ -267,8 +271,8 @@ std::shared_ptr<PendingCall> ControlLoop::State::Send(const api::SyncRequest& re
   try {
     // Detached so that Stop() returns at once even while the server holds the call; the thread
     // touches only its own copies, `call` and `wakeup`, and ends within the timeout.
-    std::thread([wake = wakeup, call, url = sync_url, http = std::move(http)] {
-      net::HttpResult result = net::HttpCall("POST", url, http);
+    std::thread([wake = wakeup, call, servers = *servers, http = std::move(http)] {
+      net::HttpResult result = servers.Call("POST", kSyncPath, http);
       std::lock_guard lock(wake->mutex);
       call->result = std::move(result);
       call->done = true;
@@ -309,14 +313,14 @@ std::optional<api::SyncResponse> ControlLoop::State::Answer(const PendingCall& c
     auto body = nlohmann::json::parse(response.body, nullptr, false);
     if (body.is_object() && body.contains("error") && body["error"].is_string())
       message = body["error"].get<std::string>();
-    error = fmt::format("{} answered HTTP {}: {}{}", sync_url, response.status, message,
+    error = fmt::format("{} answered HTTP {}: {}{}", SyncUrl(), response.status, message,
                         response.status == 401 ? " (check the agent's token)" : "");
     return std::nullopt;
   }
   try {
     return nlohmann::json::parse(response.body).get<api::SyncResponse>();
   } catch (const nlohmann::json::exception& parse_error) {
-    error = fmt::format("{} answered a sync that is not one: {}", sync_url, parse_error.what());
+    error = fmt::format("{} answered a sync that is not one: {}", SyncUrl(), parse_error.what());
     return std::nullopt;
   }
 }
@@ -331,7 +335,7 @@ void ControlLoop::State::NoteError(const std::string& error) {
 }
 
 void ControlLoop::State::NoteSuccess() {
-  if (!logged_error.empty()) Log(fmt::format("syncing with {} again", options.server_url));
+  if (!logged_error.empty()) Log(fmt::format("syncing with {} again", servers->current()));
   logged_error.clear();
   std::lock_guard lock(status_mutex);
   status.connected = true;
@@ -575,12 +579,9 @@ ControlLoop::~ControlLoop() {
 std::optional<std::string> ControlLoop::Start() {
   State& state = *state_;
   if (state.thread.joinable()) return "the control loop already runs";
-  std::string url = state.options.server_url;
-  while (!url.empty() && url.back() == '/')
-    url.pop_back();
   std::string error;
-  if (!net::ParseHttpUrl(url, error)) return fmt::format("--server: {}", error);
-  state.sync_url = url + "/api/v1/agents/sync";
+  state.servers = net::ServerUrls::Parse(state.options.server_url, error);
+  if (!state.servers) return fmt::format("--server: {}", error);
   {
     std::lock_guard lock(state.wakeup->mutex);
     state.wakeup->stopping = false;

@@ -24,10 +24,12 @@
 namespace gpufleet::agent {
 
 struct ControlLoopOptions {
-  std::string server_url;  // "http://10.0.0.1:8080": the server's base URL
-  std::string token;       // sent as "Authorization: Bearer <token>"
-  std::string ca_file;     // for an https:// server: trust this PEM CA; empty: the system's CAs
-  std::string node_name;   // empty: core.hostname()
+  // "http://10.0.0.1:8080": the server's base URL, or several, comma-separated, of which one
+  // leads and the others are standbys (docs/ha.md): syncs follow whichever answers.
+  std::string server_url;
+  std::string token;      // sent as "Authorization: Bearer <token>"
+  std::string ca_file;    // for an https:// server: trust this PEM CA; empty: the system's CAs
+  std::string node_name;  // empty: core.hostname()
   std::string address = "127.0.0.1";  // the IP other nodes reach this one at (MASTER_ADDR)
   std::string agent_url;              // this agent's API, through which the server reads logs
   std::string api_key;  // what the server must send to agent_url (AgentApiOptions::api_key)

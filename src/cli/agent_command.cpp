@@ -28,6 +28,7 @@
 #include "core/version.h"
 #include "net/http_client.h"
 #include "net/http_server.h"
+#include "net/server_urls.h"
 
 namespace gpufleet::cli {
 namespace {
@@ -208,7 +209,7 @@ int RunDaemon(const AgentArgs& args) {
       return kExitUsage;
     }
     token = std::move(*resolved);
-    if (!net::ParseHttpUrl(args.server, error)) {
+    if (!net::ServerUrls::Parse(args.server, error)) {
       fmt::print(stderr, "error: --server: {}\n", error);
       return kExitUsage;
     }
@@ -299,7 +300,7 @@ int RunDaemon(const AgentArgs& args) {
     fmt::print("  {}\n", note);
   if (loop && IsLoopback(loop_options.address)) {
     std::string server_error;
-    auto server_url = net::ParseHttpUrl(args.server, server_error);
+    auto server_url = net::ParseHttpUrl(args.server.substr(0, args.server.find(',')), server_error);
     if (server_url && !IsLoopback(server_url->host))
       fmt::print(
           "  warning: this node advertises address {}, which other nodes cannot reach "
@@ -703,7 +704,8 @@ CLI::App* AddAgentCommand(CLI::App& app, AgentArgs& args) {
   agent->add_flag("--standalone", args.standalone,
                   "Run without a control plane (the default without --server)");
   agent->add_option("--server", args.server,
-                    "The control plane's URL (http://HOST:PORT): sync with it and run its tasks");
+                    "The control plane's URL (http://HOST:PORT): sync with it and run its tasks; "
+                    "a leader and its standbys comma-separated (docs/ha.md)");
   agent->add_option("--token", args.token,
                     "The agent token for --server (else --token-file or $GPUFLEET_TOKEN)");
   agent->add_option("--token-file", args.token_file, "A file whose first line is the token");

@@ -76,7 +76,8 @@ bool IsSafeUrlChar(char c) {
 
 void AddConnectionOptions(CLI::App& command, ConnectionArgs& args) {
   command.add_option("--server", args.server,
-                     "Server URL (default: $GPUFLEET_SERVER, .gpufleet/client.json, "
+                     "Server URL, or a leader and its standbys comma-separated (default: "
+                     "$GPUFLEET_SERVER, .gpufleet/client.json, "
                      "~/.config/gpufleet/client.json, http://127.0.0.1:8080)");
   command.add_option("--token", args.token,
                      "API token (default: $GPUFLEET_TOKEN, then the same files)");
@@ -143,10 +144,22 @@ std::optional<ClientConfig> ResolveConfig(const ConfigSources& sources, std::str
   }
   take(config.server, config.server_source, std::string(kDefaultServer), "default");
   config.ca_file = sources.env_ca_file;
-  // "127.0.0.1:8080" is what people paste; the scheme is the only one there is.
-  if (config.server.find("://") == std::string::npos) config.server = "http://" + config.server;
-  while (config.server.size() > 1 && config.server.back() == '/')
-    config.server.pop_back();
+  // "127.0.0.1:8080" is what people paste; the scheme is the only one there is. A list of
+  // servers (a leader and its standbys, docs/ha.md) is normalised one by one.
+  std::string servers;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = config.server.find(',', start);
+    std::string server =
+        config.server.substr(start, comma == std::string::npos ? comma : comma - start);
+    if (!server.empty() && server.find("://") == std::string::npos) server = "http://" + server;
+    while (server.size() > 1 && server.back() == '/')
+      server.pop_back();
+    servers += (start == 0 ? "" : ",") + server;
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  config.server = std::move(servers);
   return config;
 }
 
@@ -213,11 +226,12 @@ std::optional<Client> Client::FromArgs(const ConnectionArgs& args) {
     Fail(error);
     return std::nullopt;
   }
-  if (!net::ParseHttpUrl(config->server, error)) {
+  auto servers = net::ServerUrls::Parse(config->server, error);
+  if (!servers) {
     Fail(fmt::format("server URL from {}: {}", config->server_source, error));
     return std::nullopt;
   }
-  return Client(std::move(*config));
+  return Client(std::move(*config), std::move(*servers));
 }
 
 ApiResult Client::Call(std::string_view method, std::string_view path, const nlohmann::json* body,
@@ -230,8 +244,7 @@ ApiResult Client::Call(std::string_view method, std::string_view path, const nlo
   // and a 401 then says how to get a token.
   if (!config_.token.empty())
     options.headers.emplace_back("Authorization", "Bearer " + config_.token);
-  net::HttpResult result =
-      net::HttpCall(method, fmt::format("{}/api/v1{}", config_.server, path), options);
+  net::HttpResult result = servers_.Call(method, fmt::format("/api/v1{}", path), options);
   ApiResult answer;
   if (!result.ok()) {
     answer.message = DescribeTransportError(config_, result.error);
@@ -248,7 +261,7 @@ ApiResult Client::Call(std::string_view method, std::string_view path, const nlo
   if (response.content_type.find("json") != std::string::npos) {
     answer.body = nlohmann::json::parse(response.body, nullptr, false);
     if (answer.body.is_discarded()) {
-      answer.message = fmt::format("the server at {} answered malformed JSON", config_.server);
+      answer.message = fmt::format("the server at {} answered malformed JSON", servers_.current());
       answer.body = nullptr;
     }
   }

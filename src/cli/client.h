@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "net/http_client.h"
+#include "net/server_urls.h"
 
 namespace gpufleet::cli {
 
@@ -82,7 +83,8 @@ std::string DescribeHttpError(const ClientConfig& config, int status, std::strin
 
 class Client {
  public:
-  explicit Client(ClientConfig config) : config_(std::move(config)) {}
+  Client(ClientConfig config, net::ServerUrls servers)
+      : config_(std::move(config)), servers_(std::move(servers)) {}
 
   // Resolves the configuration from the flags and environment; prints the error and returns
   // nothing when a config file is broken or the server URL is not usable.
@@ -101,6 +103,7 @@ class Client {
 
  private:
   ClientConfig config_;
+  net::ServerUrls servers_;  // config_.server, of which calls follow the one answering
 };
 
 // Prints "error: <message>" on stderr and returns kExitFailure.

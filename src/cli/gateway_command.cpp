@@ -47,7 +47,8 @@ CLI::App* AddGatewayCommand(CLI::App& app, GatewayArgs& args) {
   CLI::App* command = app.add_subcommand(
       "gateway", "Run the inference gateway: a reverse proxy to deployments' replicas");
   command->add_option("--server", args.server,
-                      "The control plane's URL: routes, token checks and autoscaling from it");
+                      "The control plane's URL: routes, token checks and autoscaling from it; a "
+                      "leader and its standbys comma-separated (docs/ha.md)");
   command->add_option("--token-file", args.token_file,
                       "With --server: a file holding a token of role gateway "
                       "(gpufleet token create --user gw-1 --role gateway)");

@@ -13,6 +13,7 @@
 
 #include "api/json.h"
 #include "net/http_client.h"
+#include "net/server_urls.h"
 
 namespace gpufleet::gateway {
 namespace {
@@ -23,12 +24,6 @@ using std::chrono::milliseconds;
 constexpr TimeMs kFirstBackoffMs = 100;
 constexpr TimeMs kMaxBackoffMs = 5000;
 constexpr TimeMs kCallMarginMs = 5000;
-
-std::string Trimmed(std::string url) {
-  while (!url.empty() && url.back() == '/')
-    url.pop_back();
-  return url;
-}
 
 std::vector<Route> RoutesOf(const api::EndpointSet& set) {
   std::vector<Route> routes;
@@ -55,7 +50,7 @@ std::vector<Route> RoutesOf(const api::EndpointSet& set) {
 // under `mu` while `gateway` is set.
 struct ControlPlaneLink::State {
   ControlPlaneOptions options;
-  std::string base;
+  std::optional<net::ServerUrls> servers;  // the server, or a leader and its standbys
   std::mutex mu;
   std::condition_variable cv;
   Gateway* gateway = nullptr;
@@ -98,10 +93,10 @@ struct ControlPlaneLink::State {
         std::lock_guard lock(mu);
         if (stopping) return;
       }
-      const std::string url = fmt::format("{}/api/v1/endpoints?version={}&wait_ms={}", base,
-                                          version, synced ? options.watch_wait_ms : 0);
+      const std::string path = fmt::format("/api/v1/endpoints?version={}&wait_ms={}", version,
+                                           synced ? options.watch_wait_ms : 0);
       net::HttpResult result =
-          net::HttpCall("GET", url, Call(options.watch_wait_ms + kCallMarginMs));
+          servers->Call("GET", path, Call(options.watch_wait_ms + kCallMarginMs));
       std::string error;
       std::optional<api::EndpointSet> set;
       if (!result.ok()) {
@@ -127,7 +122,8 @@ struct ControlPlaneLink::State {
       if (stopping || !gateway) return;
       gateway->SetRoutes(RoutesOf(*set));
       if (!synced || !logged_error.empty())
-        Log(fmt::format("endpoints from {}: {} deployment(s)", base, set->deployments.size()));
+        Log(fmt::format("endpoints from {}: {} deployment(s)", servers->current(),
+                        set->deployments.size()));
       synced = true;
       logged_error.clear();
     }
@@ -167,7 +163,7 @@ struct ControlPlaneLink::State {
       }
       net::HttpCallOptions call = Call(kCallMarginMs);
       call.body = json(report).dump();
-      net::HttpResult result = net::HttpCall("POST", base + "/api/v1/gateways/report", call);
+      net::HttpResult result = servers->Call("POST", "/api/v1/gateways/report", call);
       if (!result.ok())
         NoteError("reporting load failed", result.error);
       else if (result.response->status != 200)
@@ -189,9 +185,9 @@ ControlPlaneLink::~ControlPlaneLink() {
 
 std::optional<std::string> ControlPlaneLink::Start() {
   State& state = *state_;
-  state.base = Trimmed(state.options.server_url);
   std::string error;
-  if (!net::ParseHttpUrl(state.base, error)) return fmt::format("--server: {}", error);
+  state.servers = net::ServerUrls::Parse(state.options.server_url, error);
+  if (!state.servers) return fmt::format("--server: {}", error);
   if (state.options.gateway_id.empty()) return "the gateway needs an id for its reports";
   std::weak_ptr<State> weak = state_;
   state.gateway->OnDemand([weak](const std::string&) {
@@ -233,13 +229,15 @@ bool ControlPlaneLink::synced() const {
 
 std::function<std::optional<Caller>(const std::string&)> ServerTokenVerifier(std::string server_url,
                                                                              std::string ca_file) {
-  return [base = Trimmed(std::move(server_url)),
+  std::string error;  // a bad URL verifies no token; ControlPlaneLink::Start says why
+  return [servers = net::ServerUrls::Parse(server_url, error),
           ca_file = std::move(ca_file)](const std::string& token) -> std::optional<Caller> {
+    if (!servers) return std::nullopt;
     net::HttpCallOptions call;
     call.timeout = milliseconds(5000);
     call.ca_file = ca_file;
     call.headers.emplace_back("Authorization", "Bearer " + token);
-    net::HttpResult result = net::HttpCall("GET", base + "/api/v1/whoami", call);
+    net::HttpResult result = servers->Call("GET", "/api/v1/whoami", call);
     if (!result.ok() || result.response->status != 200) return std::nullopt;
     try {
       const json body = json::parse(result.response->body);

@@ -17,7 +17,7 @@
 namespace gpufleet::gateway {
 
 struct ControlPlaneOptions {
-  std::string server_url;  // "http://10.0.0.1:8080"
+  std::string server_url;  // "http://10.0.0.1:8080", or a leader and its standbys, comma-separated
   std::string token;       // a token of role gateway (or admin)
   std::string ca_file;     // for an https:// server; empty: the system's CAs
   std::string gateway_id;  // stable across reports: the server sums gateways by it

@@ -158,7 +158,7 @@ class EtcdStore final : public Store {
 
   void TakeLock() {
     const json grant = Call("/v3/lease/grant", json{{"TTL", options_.lease_ttl_s}});
-    lease_ = grant.value("ID", "");
+    lease_ = Int64Text(grant, "ID");
     if (lease_.empty()) throw StoreError("etcd granted no lease");
     std::string holder = options_.holder;
     if (holder.empty()) {
@@ -194,7 +194,9 @@ class EtcdStore final : public Store {
           options_.key_prefix, other, options_.lease_ttl_s));
     }
     // The lock was created by this transaction: its revision is the transaction's.
-    lock_revision_ = answer.at("header").value("revision", "");
+    lock_revision_ = Int64Text(answer.value("header", json::object()), "revision");
+    if (lock_revision_.empty())
+      throw StoreError("etcd answered the lock's transaction without a revision");
   }
 
   // Renews the lease three times a TTL; a lease found expired stays expired (commits then fail).
@@ -205,8 +207,9 @@ class EtcdStore final : public Store {
       lock.unlock();
       try {
         Call("/v3/lease/keepalive", json{{"ID", lease_}});
-      } catch (const StoreError&) {
-        // Unreachable for now: the next round tries again; the TTL bounds how long it may fail.
+      } catch (const std::exception&) {
+        // Unreachable for now, or an answer we cannot read: the next round tries again. The TTL
+        // bounds how long renewing may fail before commits are fenced off.
       }
       lock.lock();
     }
@@ -264,21 +267,42 @@ class EtcdStore final : public Store {
     }
     // gRPC's codes through the gateway: 14 unavailable (no leader, leader changed) and 4
     // deadline exceeded are worth another member; 3 invalid argument (too many operations in a
-    // transaction, a request too large) is not.
-    const int code = parsed.value("code", 0);
-    answer.error = fmt::format("HTTP {}: {}", response.status,
-                               parsed.value("error", parsed.value("message", response.body)));
+    // transaction, a request too large) is not. Unary calls say {"error": "...", "code": N};
+    // streamed ones (lease keepalive) {"error": {"grpc_code": N, "message": "..."}}.
+    int code = 0;
+    std::string message = response.body.substr(0, 200);
+    if (const auto error = parsed.find("error"); error != parsed.end()) {
+      if (error->is_string()) message = error->get<std::string>();
+      if (error->is_object()) {
+        if (const auto text = error->find("message"); text != error->end() && text->is_string())
+          message = text->get<std::string>();
+        if (const auto grpc = error->find("grpc_code"); grpc != error->end() && grpc->is_number())
+          code = grpc->get<int>();
+      }
+    }
+    if (const auto number = parsed.find("code"); number != parsed.end() && number->is_number())
+      code = number->get<int>();
+    answer.error = fmt::format("HTTP {}: {}", response.status, message);
     answer.try_another = response.status >= 500 || code == 14 || code == 4;
     if (code == 3 && answer.error.find("too many operations") != std::string::npos)
       answer.error += " (start etcd with a larger --max-txn-ops)";
     return answer;
   }
 
+  // A 64-bit number of etcd's JSON, which writes them as strings ("7587..."); empty if absent.
+  static std::string Int64Text(const json& object, const char* field) {
+    const auto it = object.find(field);
+    if (it == object.end()) return {};
+    if (it->is_string()) return it->get<std::string>();
+    if (it->is_number_integer()) return std::to_string(it->get<int64_t>());
+    return {};
+  }
+
   // A base64 field of an etcd key-value; proto3's JSON leaves out empty ones.
   static std::string Decode(const json& kv, const char* field) {
     const auto it = kv.find(field);
     if (it == kv.end()) return {};
-    auto bytes = Base64Decode(it->get<std::string>());
+    auto bytes = it->is_string() ? Base64Decode(it->get<std::string>()) : std::nullopt;
     if (!bytes) throw StoreError(fmt::format("etcd answered a {} that is not base64", field));
     return std::move(*bytes);
   }

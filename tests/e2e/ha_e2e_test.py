@@ -74,9 +74,9 @@ class HaCluster:
             print(f"kept {self.root} for inspection", file=sys.stderr)
         return False
 
-    def start_server(self, name):
+    def start_server(self, name, port=0):
         server = Process([self.gpufleet, "server", "--data-dir", os.path.join(self.root, name),
-                          "--listen", "127.0.0.1:0", "--store", self.store,
+                          "--listen", f"127.0.0.1:{port}", "--store", self.store,
                           "--etcd-lease", f"{LEASE_S}s"],
                          os.path.join(self.root, f"{name}.log"), name)
         server.data_dir = os.path.join(self.root, name)
@@ -103,14 +103,39 @@ def job_names(url, token):
 
 def test_standby_takes_over_after_kill9_with_every_acknowledged_job(gpufleet):
     """Leader A under a steady submit load is killed with SIGKILL; standby B, which said it
-    waits, takes over within the lease and serves every job A acknowledged, each once. B then
-    stops with SIGTERM (its lease revoked) and standby C takes over at once."""
+    waits, takes over within the lease and serves every job A acknowledged, each once. An agent
+    and the CLI given both servers follow by themselves, and the job the agent was running when A
+    died runs on, untouched. B then stops with SIGTERM (its lease revoked) and standby C takes
+    over at once."""
     with HaCluster(gpufleet, "ha-kill9") as cluster:
-        leader = cluster.start_server("a")
+        port_a, port_b = free_port(), free_port()
+        leader = cluster.start_server("a", port_a)
         url = cluster.url_of(leader)
         token = cluster.admin_token(leader)
-        standby = cluster.start_server("b")
+        standby = cluster.start_server("b", port_b)
         standby.read_until(r"standby: etcd keys 'ha/' are in use by another gpufleet server")
+        servers = f"http://127.0.0.1:{port_a},http://127.0.0.1:{port_b}"
+        status, body = api(url, token, "POST", "/api/v1/tokens",
+                           {"user": "agent-n", "team": "system", "role": "agent"})
+        check(status == 201, f"agent token: {status} {body}")
+        token_file = os.path.join(cluster.root, "agent.token")
+        with open(token_file, "w") as file:
+            file.write(body["token"] + "\n")
+        agent = Process([gpufleet, "agent", "--server", servers, "--token-file", token_file,
+                         "--sim-gpus", "2xH100-80GB", "--hostname", "node-n", "--listen",
+                         "127.0.0.1:0", "--data-dir", os.path.join(cluster.root, "agent"),
+                         "--workload-user", "agent", "--workload-isolation", "none"],
+                        os.path.join(cluster.root, "agent.log"), "agent")
+        cluster.servers.append(agent)
+        agent.read_until(r"listening on")
+        pid_file = os.path.join(cluster.root, "long.pid")
+        status, long_job = api(url, token, "POST", "/api/v1/jobs", {
+            "command": ["sh", "-c", f"echo $$ > {pid_file}; exec sleep 120"], "gpus": 1,
+            "name": "long"})
+        check(status == 201, f"long job: {status} {long_job}")
+        wait_until(lambda: os.path.exists(pid_file) and open(pid_file).read().strip(), 20,
+                   "the long job to start")
+        long_pid = int(open(pid_file).read())
         acknowledged = []
         lock = threading.Lock()
         stop = threading.Event()
@@ -147,6 +172,19 @@ def test_standby_takes_over_after_kill9_with_every_acknowledged_job(gpufleet):
         status, body = api(new_url, token, "POST", "/api/v1/jobs",
                            {"command": ["true"], "gpus": 1, "name": "after"})
         check(status == 201, f"submitting to the new leader: {status} {body}")
+        # The agent follows: B hears from node-n, and its running job was left alone.
+        wait_until(lambda: any(node["report"]["name"] == "node-n" and node["state"] == "ready"
+                               for node in api(new_url, token, "GET", "/api/v1/nodes")[1]
+                               ["nodes"]), 20, "node-n syncing with B")
+        status, job = api(new_url, token, "GET", f"/api/v1/jobs/{long_job['id']}")
+        check(job["state"] == "running" and job["attempt"] == 0, f"the long job on B: {job}")
+        check(os.path.exists(f"/proc/{long_pid}"), "the long job's process was killed")
+        # So does the CLI given both servers.
+        listed = subprocess.run([gpufleet, "jobs", "--state", "running"], capture_output=True,
+                                text=True, timeout=30, cwd=cluster.root,
+                                env=dict(os.environ, GPUFLEET_SERVER=servers,
+                                         GPUFLEET_TOKEN=token))
+        check(listed.returncode == 0 and "long" in listed.stdout, f"gpufleet jobs: {listed}")
         print(f"  standby took over {took_over:.2f} s after the leader's SIGKILL (lease {LEASE_S}"
               f" s); {len(acknowledged)} acknowledged jobs all there, once each")
 

@@ -25,6 +25,7 @@
 
 #include "net/http_client.h"
 #include "net/http_server.h"
+#include "net/server_urls.h"
 
 namespace gpufleet::net {
 namespace {
@@ -746,6 +747,48 @@ TEST(HttpTarget, SplitsAndDecodes) {
   EXPECT_FALSE(SplitTarget("/bad%2", path, query));
   EXPECT_FALSE(SplitTarget("/x?y=%zz", path, query));
   EXPECT_EQ(JsonEscape("a\"b\\c\nd\x01"), "a\\\"b\\\\c\\nd\\u0001");
+}
+
+// A leader and its standbys: calls go to the one that answers, and stay with it.
+TEST(ServerUrls, CallsFollowTheServerThatAnswers) {
+  std::string error;
+  EXPECT_FALSE(ServerUrls::Parse("", error));
+  EXPECT_FALSE(ServerUrls::Parse("http://a:1,,http://b:2", error));
+  EXPECT_NE(error.find("empty server URL"), std::string::npos) << error;
+  EXPECT_FALSE(ServerUrls::Parse("http://a:1,ftp://b", error));
+  EXPECT_NE(error.find("ftp://b"), std::string::npos) << error;
+  auto parsed = ServerUrls::Parse("http://a:1/,http://b:2", error);
+  ASSERT_TRUE(parsed) << error;
+  EXPECT_EQ(parsed->all(), (std::vector<std::string>{"http://a:1", "http://b:2"}));
+
+  // The first server is gone (nothing listens on its port); the second answers.
+  std::string gone;
+  {
+    auto closed = StartServer(Handler(EchoRouter()));
+    gone = "http://" + closed->address();
+  }
+  auto server = StartServer(Handler(EchoRouter()));
+  const std::string live = "http://" + server->address();
+  auto servers = ServerUrls::Parse(gone + "," + live, error);
+  ASSERT_TRUE(servers) << error;
+  EXPECT_EQ(servers->current(), gone);
+  HttpCallOptions options;
+  options.timeout = 2s;
+  HttpResult result = servers->Call("GET", "/hello?name=ha", options);
+  ASSERT_TRUE(result.ok()) << result.error;
+  EXPECT_EQ(result.response->body, "hello ha");
+  EXPECT_EQ(servers->current(), live);  // and copies share it
+  const ServerUrls copy = *servers;
+  EXPECT_EQ(copy.current(), live);
+  // Any HTTP answer ends the search: a 404 is the server's answer, not a reason to move on.
+  result = servers->Call("GET", "/nowhere", options);
+  ASSERT_TRUE(result.ok());
+  EXPECT_EQ(result.response->status, 404);
+  server.reset();
+  result = servers->Call("GET", "/hello", options);
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(result.error.find(gone), std::string::npos) << result.error;
+  EXPECT_NE(result.error.find(live), std::string::npos) << result.error;
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 #include <netinet/in.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -118,6 +119,7 @@ class EtcdCluster {
         "--log-level", "error", "--heartbeat-interval", "50", "--election-timeout", "500"};
     const pid_t pid = ::fork();
     if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a test that crashed
       std::vector<char*> argv;
       for (const std::string& arg : args)
         argv.push_back(const_cast<char*>(arg.c_str()));
