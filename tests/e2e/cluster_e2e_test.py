@@ -11,11 +11,10 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 
-from e2e_testlib import (Cluster, api, check, http, kill_recorded_workloads, pid_alive,
-                         prometheus_query, run_tests, wait_until)
+from e2e_testlib import (Cluster, SubmitLoad, api, check, http, kill_recorded_workloads,
+                         pid_alive, prometheus_query, run_tests, wait_until)
 from agent_testlib import start_prometheus
 
 
@@ -404,32 +403,11 @@ def test_idle_gpus_are_reclaimed_with_a_checkpoint(gpufleet):
 def test_server_kill9_loses_no_acknowledged_job(gpufleet):
     with Cluster(gpufleet, "kill9") as cluster:
         cluster.start_server()
-        acknowledged = []
-        lock = threading.Lock()
-        stop = threading.Event()
-
-        def submitter(worker):
-            n = 0
-            while not stop.is_set():
-                try:
-                    status, body = api(cluster.url, cluster.admin_token, "POST", "/api/v1/jobs",
-                                       {"command": ["true"], "gpus": 1,
-                                        "name": f"w{worker}-{n}"}, timeout=5)
-                except OSError:
-                    return  # the server is gone: whatever was not answered was not promised
-                if status == 201:
-                    with lock:
-                        acknowledged.append((body["id"], body["spec"]["name"]))
-                n += 1
-
-        threads = [threading.Thread(target=submitter, args=(i,)) for i in range(8)]
-        for thread in threads:
-            thread.start()
-        wait_until(lambda: len(acknowledged) >= 300, 30, "300 acknowledged submissions")
+        load = SubmitLoad(cluster.url, cluster.admin_token, 8)
+        wait_until(lambda: load.count() >= 300, 30, "300 acknowledged submissions")
         cluster.kill_server()
-        stop.set()
-        for thread in threads:
-            thread.join(10)
+        load.stop()
+        acknowledged = load.acknowledged
         cluster.start_server()
         for job_id, name in acknowledged:
             job = cluster.job(job_id)

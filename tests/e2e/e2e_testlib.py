@@ -12,6 +12,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -239,6 +240,44 @@ class Cluster:
                   f"gpufleet {' '.join(args)}: exit {result.returncode}, wanted {check_code}; "
                   f"stdout {result.stdout!r}; stderr {result.stderr!r}")
         return result
+
+
+class SubmitLoad:
+    """`workers` clients submitting 1-GPU jobs named w<worker>-<n> to `url` until stop();
+    `acknowledged` lists (id, name) of each answered 201. A client stops when the server is gone:
+    what it did not answer it did not promise."""
+
+    def __init__(self, url, token, workers):
+        self.acknowledged = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._submit, args=(url, token, worker))
+                         for worker in range(workers)]
+        for thread in self._threads:
+            thread.start()
+
+    def _submit(self, url, token, worker):
+        n = 0
+        while not self._stop.is_set():
+            try:
+                status, body = api(url, token, "POST", "/api/v1/jobs",
+                                   {"command": ["true"], "gpus": 1, "name": f"w{worker}-{n}"},
+                                   timeout=5)
+            except OSError:
+                return
+            if status == 201:
+                with self._lock:
+                    self.acknowledged.append((body["id"], body["spec"]["name"]))
+            n += 1
+
+    def count(self):
+        with self._lock:
+            return len(self.acknowledged)
+
+    def stop(self):
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(10)
 
 
 def context_for(url):

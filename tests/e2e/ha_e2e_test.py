@@ -13,10 +13,10 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
-from e2e_testlib import Process, api, check, die_with_parent, http, run_tests, wait_until
+from e2e_testlib import (Process, SubmitLoad, api, check, die_with_parent, http, run_tests,
+                         wait_until)
 
 ETCD = "/usr/bin/etcd"
 LEASE_S = 2
@@ -136,33 +136,12 @@ def test_standby_takes_over_after_kill9_with_every_acknowledged_job(gpufleet):
         wait_until(lambda: os.path.exists(pid_file) and open(pid_file).read().strip(), 20,
                    "the long job to start")
         long_pid = int(open(pid_file).read())
-        acknowledged = []
-        lock = threading.Lock()
-        stop = threading.Event()
-
-        def submitter(worker):
-            n = 0
-            while not stop.is_set():
-                try:
-                    status, body = api(url, token, "POST", "/api/v1/jobs",
-                                       {"command": ["true"], "gpus": 1, "name": f"w{worker}-{n}"},
-                                       timeout=5)
-                except OSError:
-                    return  # the leader is gone: what it did not answer it did not promise
-                if status == 201:
-                    with lock:
-                        acknowledged.append(body["spec"]["name"])
-                n += 1
-
-        threads = [threading.Thread(target=submitter, args=(i,)) for i in range(4)]
-        for thread in threads:
-            thread.start()
-        wait_until(lambda: len(acknowledged) >= 100, 30, "100 acknowledged submissions")
+        load = SubmitLoad(url, token, 4)
+        wait_until(lambda: load.count() >= 100, 30, "100 acknowledged submissions")
         leader.process.kill()
         killed = time.monotonic()
-        stop.set()
-        for thread in threads:
-            thread.join(10)
+        load.stop()
+        acknowledged = [name for _, name in load.acknowledged]
         new_url = cluster.url_of(standby, timeout=LEASE_S + 15)
         took_over = time.monotonic() - killed
         names = job_names(new_url, token)
