@@ -9,6 +9,9 @@
 
 Usage: bench/api_measure.py PATH/TO/gpufleet [--clients 64] [--seconds 10] [--jobs 100000]
                             [--latency-jobs 50]
+       bench/api_measure.py PATH/TO/gpufleet --compare-stores [--clients 64] [--seconds 10]
+           2 alone, on SQLite and on a one-member etcd (Debian's etcd-server) on loopback, in
+           alternating rounds (docs/benchmarks.md, "Control plane takeover")
 """
 
 import argparse
@@ -55,6 +58,32 @@ def run_wrk(url, token, clients, seconds):
     return rate, total, int(non2xx.group(1)) if non2xx else 0, p50, p99
 
 
+def compare_stores(gpufleet, args):
+    from ha_e2e_test import Etcd  # noqa: E402 (tests/e2e, on the path above)
+    results = {"sqlite": [], "etcd": []}
+    for round_number in range(args.rounds):
+        for store in ("sqlite", "etcd"):
+            root = tempfile.mkdtemp(prefix="gpufleet-bench-etcd-")
+            etcd = Etcd(root) if store == "etcd" else None
+            server_args = ["--store", f"etcd://127.0.0.1:{etcd.client}/bench"] if etcd else []
+            try:
+                with Cluster(gpufleet, f"bench-{store}", server_args=server_args) as cluster:
+                    cluster.start_server()
+                    rate, total, non2xx, p50, p99 = run_wrk(cluster.url, cluster.admin_token,
+                                                            args.clients, args.seconds)
+                    results[store].append((rate, p50, p99))
+                    print(f"round {round_number + 1} {store}: {rate:.0f}/s ({total} requests, "
+                          f"{non2xx} not 2xx), latency p50 {p50:.1f} ms p99 {p99:.1f} ms")
+            finally:
+                if etcd:
+                    etcd.stop()
+                shutil.rmtree(root, ignore_errors=True)
+    for store, runs in results.items():
+        print(f"{store}: median {statistics.median(r[0] for r in runs):.0f}/s, p50 "
+              f"{statistics.median(r[1] for r in runs):.1f} ms, p99 "
+              f"{statistics.median(r[2] for r in runs):.1f} ms")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("gpufleet")
@@ -62,10 +91,15 @@ def main():
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--jobs", type=int, default=100000)
     parser.add_argument("--latency-jobs", type=int, default=50)
+    parser.add_argument("--compare-stores", action="store_true")
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     if not shutil.which("wrk"):
         sys.exit("wrk is needed: apt-get install wrk")
     gpufleet = os.path.abspath(args.gpufleet)
+    if args.compare_stores:
+        compare_stores(gpufleet, args)
+        return
 
     # 1. submit -> running on an idle cluster.
     with Cluster(gpufleet, "bench-latency") as cluster:
