@@ -156,7 +156,20 @@ class EtcdStore final : public Store {
             {"create_revision", lock_revision_}};
   }
 
+  EtcdLockHeld HeldBy(const std::string& other) const {
+    return EtcdLockHeld(fmt::format(
+        "etcd keys '{}' are in use by another gpufleet server ({}); they are free once it "
+        "stops, or {} s after it dies",
+        options_.key_prefix, other, options_.lease_ttl_s));
+  }
+
   void TakeLock() {
+    const std::string key = Base64Encode(LockKey());
+    // A standby asks four times a second: while the lock is held, a read answers it, not a
+    // lease granted and revoked again (two writes through etcd's log each time).
+    const json current = Call("/v3/kv/range", json{{"key", key}});
+    if (const auto kvs = current.find("kvs"); kvs != current.end() && !kvs->empty())
+      throw HeldBy(Decode(kvs->at(0), "value"));
     const json grant = Call("/v3/lease/grant", json{{"TTL", options_.lease_ttl_s}});
     lease_ = Int64Text(grant, "ID");
     if (lease_.empty()) throw StoreError("etcd granted no lease");
@@ -166,7 +179,7 @@ class EtcdStore final : public Store {
       ::gethostname(host, sizeof host - 1);
       holder = fmt::format("{} pid {}", host, ::getpid());
     }
-    const std::string key = Base64Encode(LockKey());
+    // Taken meanwhile by another: the transaction's compare still decides.
     const json answer = Call(
         "/v3/kv/txn",
         json{
@@ -188,10 +201,7 @@ class EtcdStore final : public Store {
         Call("/v3/lease/revoke", json{{"ID", lease_}});
       } catch (const StoreError&) {
       }
-      throw EtcdLockHeld(fmt::format(
-          "etcd keys '{}' are in use by another gpufleet server ({}); they are free once it "
-          "stops, or {} s after it dies",
-          options_.key_prefix, other, options_.lease_ttl_s));
+      throw HeldBy(other);
     }
     // The lock was created by this transaction: its revision is the transaction's.
     lock_revision_ = Int64Text(answer.value("header", json::object()), "revision");
