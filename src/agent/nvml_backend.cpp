@@ -252,6 +252,7 @@ struct NvmlBackend::State {
 
   void Enumerate();
   MiB MemoryTotalMib(nvml::Device device) const;
+  std::string ProductName(nvml::Device device) const;  // empty when the driver does not say
   // Adds the MIG instances of `parent` (a GPU in MIG mode, minor number `minor` if known) to the
   // inventory, as devices with indices from `next_index` and islands from `next_island`.
   void AddMigInstances(const GpuInfo& parent, nvml::Device device, std::optional<unsigned> minor,
@@ -371,10 +372,7 @@ void NvmlBackend::State::Enumerate() {
           fmt::format("GPU {}: nvmlDeviceGetUUID failed: {}", index, ErrorText(result)));
       continue;
     }
-    if (device_get_name != nullptr) {
-      info.product_name = ReadString(device_get_name, device, result);
-      if (result != nvml::kSuccess) info.product_name.clear();
-    }
+    info.product_name = ProductName(device);
     // The driver names each GPU's device node by its minor number, not its NVML index.
     std::optional<unsigned> minor;
     if (unsigned int number = 0; device_get_minor_number != nullptr &&
@@ -424,6 +422,13 @@ void NvmlBackend::State::Enumerate() {
   int32_t next_island = islands.empty() ? 0 : *std::max_element(islands.begin(), islands.end()) + 1;
   for (const InMigMode& gpu : in_mig_mode)
     AddMigInstances(gpu.info, gpu.device, gpu.minor, cap_minors, next_index, next_island);
+}
+
+std::string NvmlBackend::State::ProductName(nvml::Device device) const {
+  if (device_get_name == nullptr) return "";
+  nvml::Return result = nvml::kSuccess;
+  std::string name = ReadString(device_get_name, device, result);
+  return result == nvml::kSuccess ? name : "";
 }
 
 MiB NvmlBackend::State::MemoryTotalMib(nvml::Device device) const {
@@ -477,10 +482,7 @@ void NvmlBackend::State::AddMigInstances(const GpuInfo& parent, nvml::Device dev
     }
     mig.gpu_instance_id = gpu_instance;
     mig.compute_instance_id = compute_instance;
-    if (device_get_name != nullptr) {
-      info.product_name = ReadString(device_get_name, instance, result);
-      if (result != nvml::kSuccess) info.product_name.clear();
-    }
+    info.product_name = ProductName(instance);
     info.memory_total_mib = MemoryTotalMib(instance);
     mig.profile = MigProfileOf(info.product_name);
     if (mig.profile.empty()) mig.profile = fmt::format("{}gb", info.memory_total_mib / 1024);

@@ -296,8 +296,12 @@ struct Gateway::Impl {
 
   std::mutex sessions_mutex;
   std::condition_variable sessions_gone;
-  std::map<uint64_t, std::weak_ptr<ClientSession>> sessions;
-  std::map<uint64_t, std::string> session_clients;  // id -> the client's address
+  // Open client connections by id: their session (once started) and the client's address.
+  struct Tracked {
+    std::weak_ptr<ClientSession> session;
+    std::string client;
+  };
+  std::map<uint64_t, Tracked> sessions;
   std::map<std::string, size_t> connections_by_client;
   uint64_t next_session_id = 0;
   size_t max_connections = 0;  // resolved at start
@@ -1732,7 +1736,7 @@ void Gateway::Impl::Accept() {
       auto session = std::make_shared<ClientSession>(std::move(socket), strand, *this, id);
       {
         std::lock_guard lock(sessions_mutex);
-        sessions.emplace(id, session);
+        sessions[id].session = session;
       }
       {
         std::lock_guard lock(mutex);
@@ -1749,9 +1753,9 @@ std::optional<uint64_t> Gateway::Impl::Admit(const std::string& client, std::str
   {
     std::lock_guard lock(sessions_mutex);
     size_t& from_client = connections_by_client[client];
-    if (session_clients.size() >= max_connections) {
-      refusal = fmt::format("gateway busy: {} connections open, the most it takes",
-                            session_clients.size());
+    if (sessions.size() >= max_connections) {
+      refusal =
+          fmt::format("gateway busy: {} connections open, the most it takes", sessions.size());
     } else if (options.max_connections_per_client > 0 &&
                from_client >= options.max_connections_per_client) {
       client_limit = true;
@@ -1760,7 +1764,7 @@ std::optional<uint64_t> Gateway::Impl::Admit(const std::string& client, std::str
     } else {
       ++from_client;
       const uint64_t id = next_session_id++;
-      session_clients.emplace(id, client);
+      sessions.emplace(id, Tracked{{}, client});
       ++open_connections;
       return id;
     }
@@ -1773,14 +1777,13 @@ std::optional<uint64_t> Gateway::Impl::Admit(const std::string& client, std::str
 
 void Gateway::Impl::Forget(uint64_t id) {
   std::lock_guard lock(sessions_mutex);
-  if (auto client = session_clients.find(id); client != session_clients.end()) {
-    auto from_client = connections_by_client.find(client->second);
+  if (auto tracked = sessions.find(id); tracked != sessions.end()) {
+    auto from_client = connections_by_client.find(tracked->second.client);
     if (from_client != connections_by_client.end() && --from_client->second == 0)
       connections_by_client.erase(from_client);
-    session_clients.erase(client);
+    sessions.erase(tracked);
     --open_connections;
   }
-  sessions.erase(id);
   if (sessions.empty()) sessions_gone.notify_all();
 }
 
@@ -2050,8 +2053,8 @@ void Gateway::Stop() {
   std::vector<std::shared_ptr<ClientSession>> live;
   {
     std::lock_guard lock(gateway.sessions_mutex);
-    for (const auto& [id, weak] : gateway.sessions)
-      if (auto session = weak.lock()) live.push_back(std::move(session));
+    for (const auto& [id, tracked] : gateway.sessions)
+      if (auto session = tracked.session.lock()) live.push_back(std::move(session));
   }
   for (const auto& session : live)
     session->Shutdown();

@@ -4,6 +4,7 @@
 #include <array>
 #include <functional>
 #include <limits>
+#include <numeric>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -351,10 +352,7 @@ std::optional<Allocation> Allocator::PlaceWholeGang(const JobSpec& spec, const E
 
   // 4. Anywhere.
   if (chosen.empty()) {
-    std::vector<int32_t> all(nodes_.size());
-    for (int32_t n = 0; n < static_cast<int32_t>(all.size()); ++n)
-      all[static_cast<size_t>(n)] = n;
-    auto nodes = SpreadOverNodes(all, spec, e, policy);
+    auto nodes = SpreadOverNodes(AllNodes(), spec, e, policy);
     if (!nodes) return std::nullopt;
     chosen = std::move(*nodes);
   }
@@ -371,12 +369,15 @@ std::optional<Allocation> Allocator::PlaceWholeGang(const JobSpec& spec, const E
   return allocation;
 }
 
+std::vector<int32_t> Allocator::AllNodes() const {
+  std::vector<int32_t> all(nodes_.size());
+  std::iota(all.begin(), all.end(), 0);
+  return all;
+}
+
 std::optional<Allocation> Allocator::PlaceNodeGroups(const JobSpec& spec, const Eligibility& e,
                                                      PlacementPolicy policy) {
-  std::vector<int32_t> all(nodes_.size());
-  for (int32_t n = 0; n < static_cast<int32_t>(all.size()); ++n)
-    all[static_cast<size_t>(n)] = n;
-  const auto chosen = SpreadOverNodes(all, spec, e, policy);
+  const auto chosen = SpreadOverNodes(AllNodes(), spec, e, policy);
   if (!chosen) return std::nullopt;
   Allocation allocation;
   allocation.reserve(static_cast<size_t>(spec.tasks));

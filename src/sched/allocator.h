@@ -114,6 +114,7 @@ class Allocator {
 
   std::optional<Allocation> PlaceWholeGang(const JobSpec& spec, const Eligibility& eligibility,
                                            PlacementPolicy policy);
+  std::vector<int32_t> AllNodes() const;  // 0, 1, ... every node, for SpreadOverNodes
   // Shared-GPU and CPU-only jobs with tasks_per_node: a group of that many tasks on each of
   // tasks / tasks_per_node distinct nodes.
   std::optional<Allocation> PlaceNodeGroups(const JobSpec& spec, const Eligibility& eligibility,
