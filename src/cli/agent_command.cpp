@@ -23,6 +23,7 @@
 #include "agent/agent.h"
 #include "agent/agent_api.h"
 #include "agent/control_loop.h"
+#include "agent/fleet.h"
 #include "agent/shim.h"
 #include "cli/stop_signals.h"
 #include "core/version.h"
@@ -324,6 +325,81 @@ int RunDaemon(const AgentArgs& args) {
   server.reset();
   loop.reset();
   core.reset();
+  return 0;
+}
+
+// `agent --fleet N`: simulated nodes only (no GPUs of this machine, no workloads, no API); one
+// line of figures every 10 s, so a load test reads the fleet's side from its output.
+int RunFleet(const AgentArgs& args) {
+  std::string error;
+  if (args.server.empty()) {
+    fmt::print(stderr, "error: --fleet needs --server: the simulated nodes sync with it\n");
+    return kExitUsage;
+  }
+  if (args.fleet < 0) {
+    fmt::print(stderr, "error: --fleet {}: the number of simulated nodes, at least 1\n", args.fleet);
+    return kExitUsage;
+  }
+  auto token = ResolveToken(args, error);
+  if (!token) {
+    fmt::print(stderr, "error: {}\n", error);
+    return kExitUsage;
+  }
+  auto spread = agent::ParseDurationMs(args.fleet_spread);
+  if (!spread || *spread < 0) {
+    fmt::print(stderr, "error: --fleet-spread '{}': expected a duration such as 5s\n",
+               args.fleet_spread);
+    return kExitUsage;
+  }
+  if (args.fleet_threads < 1 || args.fleet_threads > 64) {
+    fmt::print(stderr, "error: --fleet-threads {}: from 1 to 64\n", args.fleet_threads);
+    return kExitUsage;
+  }
+  agent::FleetOptions options;
+  options.server_url = args.server;
+  options.token = std::move(*token);
+  options.nodes = args.fleet;
+  options.gpus_per_node = args.fleet_gpus;
+  options.gpu_model = args.fleet_model;
+  options.name_prefix = args.fleet_prefix;
+  options.start_spread_ms = *spread;
+  options.threads = args.fleet_threads;
+  const sigset_t stop_signals = BlockStopSignals();
+  const size_t file_limit = net::RaiseOpenFileLimit();
+  if (file_limit < static_cast<size_t>(args.fleet) * 2 + 64)
+    fmt::print(stderr,
+               "warning: the open-file limit is {}; {} nodes hold up to {} connections (raise "
+               "it with ulimit -n)\n",
+               file_limit, args.fleet, args.fleet * 2);
+  agent::Fleet fleet(options);
+  if (auto start_error = fleet.Start()) {
+    fmt::print(stderr, "error: {}\n", *start_error);
+    return kExitUsage;
+  }
+  fmt::print(
+      "gpufleet agent {}: backend fleet (simulated: {} nodes {}..{} x {} GPU(s) {}, tasks run "
+      "as timed sleeps; docs/scale.md), syncing with {} from {}..{}\n",
+      kVersion, args.fleet, fleet.NodeName(0), fleet.NodeName(args.fleet - 1), args.fleet_gpus,
+      args.fleet_model, args.server, fleet.NodeAddress(0), fleet.NodeAddress(args.fleet - 1));
+  std::fflush(stdout);
+  const timespec tick{10, 0};
+  for (;;) {
+    siginfo_t info{};
+    const int signal_number = ::sigtimedwait(&stop_signals, &info, &tick);
+    const agent::FleetStats stats = fleet.Stats();
+    fmt::print(
+        "fleet: {}/{} nodes synced, {} syncs, {} sync errors, {} tasks running, {} launched, "
+        "{} finished, {} cancelled, {} refused\n",
+        stats.nodes_synced, args.fleet, stats.syncs, stats.sync_errors, stats.tasks_running,
+        stats.launches, stats.finished, stats.cancelled, stats.refused);
+    std::fflush(stdout);
+    if (signal_number > 0) {
+      fmt::print(stderr, "gpufleet agent --fleet: {} received, stopping\n",
+                 agent::SignalName(signal_number));
+      break;
+    }
+  }
+  fleet.Stop();
   return 0;
 }
 
@@ -726,6 +802,21 @@ CLI::App* AddAgentCommand(CLI::App& app, AgentArgs& args) {
   agent->add_option("--tls-key", args.tls_key, "The PEM private key of --tls-cert");
   agent->add_option("--interval", args.interval, "GPU sampling interval")->capture_default_str();
   AddBackendOptions(*agent, args);
+  agent->add_option("--fleet", args.fleet,
+                    "Simulate N nodes in this process for load tests of the control plane: each "
+                    "syncs with --server from its own loopback address and runs tasks as timed "
+                    "sleeps (only `sleep SECONDS`; docs/scale.md)");
+  agent->add_option("--fleet-gpus", args.fleet_gpus, "GPUs of each --fleet node")
+      ->capture_default_str();
+  agent->add_option("--fleet-model", args.fleet_model, "GPU model of the --fleet nodes")
+      ->capture_default_str();
+  agent->add_option("--fleet-prefix", args.fleet_prefix, "Names of the --fleet nodes: PREFIX00001...")
+      ->capture_default_str();
+  agent->add_option("--fleet-spread", args.fleet_spread,
+                    "The --fleet nodes start one after another over this long")
+      ->capture_default_str();
+  agent->add_option("--fleet-threads", args.fleet_threads, "Network threads of the --fleet")
+      ->capture_default_str();
 
   args.run = agent->add_subcommand(
       "run", "Run one command on free GPUs of this machine, in-process (no daemon needed)");
@@ -770,6 +861,7 @@ int RunAgent(const AgentArgs& args) {
   if (*args.run) return RunLocal(args);
   if (*args.inject) return RunInject(args);
   if (*args.status) return RunStatus(args);
+  if (args.fleet != 0) return RunFleet(args);
   return RunDaemon(args);
 }
 

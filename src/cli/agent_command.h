@@ -37,6 +37,14 @@ struct AgentArgs {
   std::string tls_cert;
   std::string tls_key;
 
+  // agent --fleet N: N simulated nodes (docs/scale.md)
+  int32_t fleet = 0;
+  int32_t fleet_gpus = 8;
+  std::string fleet_model = "H100-80GB";
+  std::string fleet_prefix = "fleet-";
+  std::string fleet_spread = "5s";
+  int32_t fleet_threads = 2;
+
   // agent run
   int32_t gpus = 0;
   std::string cpu;

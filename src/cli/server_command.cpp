@@ -13,6 +13,7 @@
 #include "cli/stop_signals.h"
 #include "core/quantity.h"
 #include "core/version.h"
+#include "net/http_server.h"
 #include "sched/policy.h"
 #include "server/server.h"
 #include "sim/queues.h"
@@ -74,6 +75,7 @@ std::optional<server::ServerOptions> Options(const ServerArgs& args) {
   }
   options.token_rate_limit = args.token_rate_limit;
   options.max_connections_per_client = args.max_connections_per_client;
+  options.max_connections = args.max_connections;
   if (!args.checkpoint_root.empty() && args.checkpoint_root.front() != '/') {
     fmt::print(stderr,
                "error: --checkpoint-root '{}' must be an absolute path (agents resolve it on "
@@ -312,6 +314,9 @@ CLI::App* AddServerCommand(CLI::App& app, ServerArgs& args) {
                    "Connections one client address may hold open at once; more are answered "
                    "503 (raise it for many users behind one NAT or proxy); 0: no limit")
       ->capture_default_str();
+  command->add_option("--max-connections", args.max_connections,
+                      "Connections open at once in all (each agent holds one); more are "
+                      "answered 503 (default 0: half the open-file limit, at most 10000)");
   command->add_option("--agent-ca-file", args.agent_ca_file,
                       "PEM CA that signed the certificates of agents serving HTTPS "
                       "(agent --tls-cert); default: the system's CAs");
@@ -373,6 +378,7 @@ int RunServer(const ServerArgs& args) {
   // Blocked before any thread starts, so every thread inherits the mask and the signals are
   // read here, synchronously.
   const sigset_t stop_signals = BlockStopSignals();
+  net::RaiseOpenFileLimit();  // a connection per node
   if (etcd) {
     bool stopped = false;
     auto held = std::make_shared<std::unique_ptr<store::Store>>();

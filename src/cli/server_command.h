@@ -49,6 +49,7 @@ struct ServerArgs {
   std::string agent_ca_file;      // trusted CA for agents serving https
   double token_rate_limit = 100;  // requests/s per user token; 0: none
   size_t max_connections_per_client = 256;
+  size_t max_connections = 0;
   std::string checkpoint_root;
 };
 

@@ -3,9 +3,15 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ssl/context.hpp>
 #include <boost/asio/ssl/error.hpp>
@@ -131,106 +137,225 @@ HttpResult HttpCall(std::string_view method, std::string_view url, std::string_v
   return HttpCall(method, url, options);
 }
 
-HttpResult HttpCall(std::string_view method, std::string_view url, const HttpCallOptions& options) {
-  const std::string& body = options.body;
-  const std::chrono::milliseconds timeout = options.timeout;
-  HttpResult result;
-  std::string error;
-  const std::optional<HttpUrl> parsed = ParseHttpUrl(url, error);
-  if (!parsed) {
-    result.error = error;
-    return result;
-  }
-  const std::string what = fmt::format("{} {}", method, url);
-  const http::verb verb = http::string_to_verb(method);
-  if (verb == http::verb::unknown) {
-    result.error = fmt::format("{}: unknown HTTP method", what);
-    return result;
-  }
+namespace {
 
+// One call in flight: everything its handlers touch, owned by them through a shared_ptr so that
+// the async client can have thousands at once. `finish` runs exactly once.
+struct Exchange : std::enable_shared_from_this<Exchange> {
+  Exchange(asio::io_context& ioc, HttpCallOptions call_options,
+           std::function<void(HttpResult)> callback)
+      : options(std::move(call_options)),
+        resolver(ioc),
+        plain(ioc),
+        deadline(ioc),
+        on_done(std::move(callback)) {}
+
+  HttpCallOptions options;
+  std::string what;  // "POST http://...": the start of every error
+  std::optional<HttpUrl> url;
   std::optional<ssl::context> tls_context;
-  if (parsed->tls) {
-    tls_context = ClientTlsContext(options.ca_file, error);
-    if (!tls_context) {
-      result.error = fmt::format("{}: {}", what, error);
-      return result;
-    }
-  }
-
-  asio::io_context ioc;
-  tcp::resolver resolver(ioc);
-  beast::tcp_stream plain(ioc);
+  tcp::resolver resolver;
+  beast::tcp_stream plain;
   std::optional<beast::ssl_stream<beast::tcp_stream>> secure;
-  if (tls_context) {
-    secure.emplace(ioc, *tls_context);
-    ExpectPeer(secure->native_handle(), parsed->host);
-  }
-  beast::tcp_stream& tcp_layer = secure ? beast::get_lowest_layer(*secure) : plain;
+  asio::steady_timer deadline;  // bounds name resolution too, which the stream's timer does not
   beast::flat_buffer buffer;
-  http::request<http::string_body> request{verb, parsed->target, 11};
-  request.set(http::field::host, fmt::format("{}:{}", parsed->host, parsed->port));
-  request.set(http::field::user_agent, "gpufleet");
-  if (!body.empty() || verb == http::verb::post || verb == http::verb::put) {
-    request.set(http::field::content_type, options.content_type);
-    request.body() = std::string(body);
-  }
-  for (const auto& [name, value] : options.headers)
-    request.set(name, value);
-  request.keep_alive(false);
-  request.prepare_payload();
+  http::request<http::string_body> request;
   http::response_parser<http::string_body> parser;
-  parser.body_limit(kMaxResponseBodyBytes);
-
-  // One deadline for the whole exchange; the stream's timer fails whatever is pending then.
-  tcp_layer.expires_after(timeout);
+  std::function<void(HttpResult)> on_done;
   bool done = false;
-  auto failed = [&](const char* step, const beast::error_code& step_error) {
-    result.error = step_error == beast::error::timeout
-                       ? fmt::format("{}: no answer within {} ms", what, timeout.count())
-                       : fmt::format("{}: {}: {}", what, step, step_error.message());
+
+  beast::tcp_stream& tcp_layer() { return secure ? beast::get_lowest_layer(*secure) : plain; }
+
+  void Finish(HttpResult result) {
+    if (done) return;
     done = true;
-  };
-  // Send and receive over the plain or the TLS stream.
-  auto exchange = [&](auto& stream) {
-    http::async_write(stream, request, [&](beast::error_code write_error, size_t) {
-      if (write_error) return failed("send", write_error);
-      http::async_read(stream, buffer, parser, [&](beast::error_code read_error, size_t) {
-        if (read_error) return failed("receive", read_error);
-        const auto& response = parser.get();
-        HttpClientResponse answer;
-        answer.status = static_cast<int>(response.result_int());
-        answer.content_type = std::string(response[http::field::content_type]);
-        for (const auto& field : response)
-          answer.headers.emplace_back(std::string(field.name_string()), std::string(field.value()));
-        answer.body = parser.release().body();
-        result.response = std::move(answer);
-        done = true;
-      });
+    deadline.cancel();
+    resolver.cancel();
+    beast::error_code ignored;
+    tcp_layer().socket().close(ignored);
+    auto callback = std::move(on_done);
+    callback(std::move(result));
+  }
+  void Fail(std::string error) {
+    HttpResult result;
+    result.error = std::move(error);
+    Finish(std::move(result));
+  }
+  void Failed(const char* step, const beast::error_code& step_error) {
+    Fail(step_error == beast::error::timeout || step_error == asio::error::operation_aborted
+             ? fmt::format("{}: no answer within {} ms", what, options.timeout.count())
+             : fmt::format("{}: {}: {}", what, step, step_error.message()));
+  }
+
+  // Checks the call and starts it; a bad URL or method finishes it at once.
+  void Start(std::string_view method, std::string_view target_url) {
+    what = fmt::format("{} {}", method, target_url);
+    std::string error;
+    url = ParseHttpUrl(target_url, error);
+    if (!url) return Fail(error);
+    const http::verb verb = http::string_to_verb(method);
+    if (verb == http::verb::unknown) return Fail(fmt::format("{}: unknown HTTP method", what));
+    if (url->tls) {
+      tls_context = ClientTlsContext(options.ca_file, error);
+      if (!tls_context) return Fail(fmt::format("{}: {}", what, error));
+      secure.emplace(plain.get_executor(), *tls_context);
+      ExpectPeer(secure->native_handle(), url->host);
+    }
+    request = http::request<http::string_body>{verb, url->target, 11};
+    request.set(http::field::host, fmt::format("{}:{}", url->host, url->port));
+    request.set(http::field::user_agent, "gpufleet");
+    if (!options.body.empty() || verb == http::verb::post || verb == http::verb::put) {
+      request.set(http::field::content_type, options.content_type);
+      request.body() = std::move(options.body);
+    }
+    for (const auto& [name, value] : options.headers)
+      request.set(name, value);
+    request.keep_alive(false);
+    request.prepare_payload();
+    parser.body_limit(kMaxResponseBodyBytes);
+
+    auto self = shared_from_this();
+    deadline.expires_after(options.timeout + std::chrono::milliseconds(100));
+    deadline.async_wait([self](beast::error_code timer_error) {
+      if (timer_error) return;  // cancelled: finished in time
+      self->Fail(fmt::format("{}: no answer within {} ms", self->what, self->options.timeout.count()));
     });
-  };
-  resolver.async_resolve(
-      parsed->host, std::to_string(parsed->port),
-      [&](beast::error_code resolve_error, const tcp::resolver::results_type& endpoints) {
-        if (resolve_error) return failed("resolve", resolve_error);
-        tcp_layer.async_connect(
-            endpoints, [&](beast::error_code connect_error, const tcp::endpoint&) {
-              if (connect_error) return failed("connect", connect_error);
-              if (!secure) return exchange(plain);
-              secure->async_handshake(ssl::stream_base::client, [&](beast::error_code tls_error) {
-                if (!tls_error) return exchange(*secure);
-                failed("TLS handshake", tls_error);
-                // Say why the certificate was refused (unknown CA, wrong host), not only that it
-                // was.
-                const long verify = ::SSL_get_verify_result(secure->native_handle());
-                if (tls_error != beast::error::timeout && verify != X509_V_OK)
-                  result.error += fmt::format(" ({})", ::X509_verify_cert_error_string(verify));
-              });
-            });
+    // One deadline for the whole exchange; the stream's timer fails whatever is pending then.
+    tcp_layer().expires_after(options.timeout);
+    resolver.async_resolve(
+        url->host, std::to_string(url->port),
+        [self](beast::error_code resolve_error, const tcp::resolver::results_type& endpoints) {
+          if (self->done) return;
+          if (resolve_error) return self->Failed("resolve", resolve_error);
+          self->Connect(endpoints);
+        });
+  }
+
+  void Connect(const tcp::resolver::results_type& endpoints) {
+    auto self = shared_from_this();
+    auto connected = [self](beast::error_code connect_error) {
+      if (self->done) return;
+      if (connect_error) return self->Failed("connect", connect_error);
+      if (!self->secure) return self->SendAndReceive(self->plain);
+      self->secure->async_handshake(ssl::stream_base::client, [self](beast::error_code tls_error) {
+        if (self->done) return;
+        if (!tls_error) return self->SendAndReceive(*self->secure);
+        // Say why the certificate was refused (unknown CA, wrong host), not only that it was.
+        const long verify = ::SSL_get_verify_result(self->secure->native_handle());
+        std::string why;
+        if (tls_error != beast::error::timeout && verify != X509_V_OK)
+          why = fmt::format(" ({})", ::X509_verify_cert_error_string(verify));
+        self->Fail(fmt::format("{}: TLS handshake: {}{}", self->what, tls_error.message(), why));
       });
-  // Name resolution is not covered by the stream's timer; this bounds it too.
-  ioc.run_for(timeout + std::chrono::milliseconds(100));
-  if (!done) result.error = fmt::format("{}: no answer within {} ms", what, timeout.count());
+    };
+    if (options.local_address.empty()) {
+      tcp_layer().async_connect(endpoints, [connected](beast::error_code connect_error,
+                                                       const tcp::endpoint&) {
+        connected(connect_error);
+      });
+      return;
+    }
+    // From a given source address: bind before connecting, to the first server address of the
+    // same family.
+    beast::error_code code;
+    const asio::ip::address local = asio::ip::make_address(options.local_address, code);
+    if (code) return Fail(fmt::format("{}: bad local address '{}'", what, options.local_address));
+    for (const auto& entry : endpoints) {
+      if (entry.endpoint().address().is_v4() != local.is_v4()) continue;
+      tcp::socket& socket = tcp_layer().socket();
+      if (socket.open(entry.endpoint().protocol(), code); !code)
+        socket.bind(tcp::endpoint(local, 0), code);
+      if (code)
+        return Fail(fmt::format("{}: bind to {}: {}", what, options.local_address, code.message()));
+      tcp_layer().async_connect(entry.endpoint(), connected);
+      return;
+    }
+    Fail(fmt::format("{}: no server address of the local address {}'s family", what,
+                     options.local_address));
+  }
+
+  // Sends and receives over the plain or the TLS stream.
+  template <typename Stream>
+  void SendAndReceive(Stream& stream) {
+    auto self = shared_from_this();
+    http::async_write(stream, request, [self, &stream](beast::error_code write_error, size_t) {
+      if (self->done) return;
+      if (write_error) return self->Failed("send", write_error);
+      http::async_read(stream, self->buffer, self->parser,
+                       [self](beast::error_code read_error, size_t) {
+                         if (self->done) return;
+                         if (read_error) return self->Failed("receive", read_error);
+                         const auto& response = self->parser.get();
+                         HttpClientResponse answer;
+                         answer.status = static_cast<int>(response.result_int());
+                         answer.content_type =
+                             std::string(response[http::field::content_type]);
+                         for (const auto& field : response)
+                           answer.headers.emplace_back(std::string(field.name_string()),
+                                                       std::string(field.value()));
+                         answer.body = self->parser.release().body();
+                         HttpResult result;
+                         result.response = std::move(answer);
+                         self->Finish(std::move(result));
+                       });
+    });
+  }
+};
+
+}  // namespace
+
+HttpResult HttpCall(std::string_view method, std::string_view url, const HttpCallOptions& options) {
+  asio::io_context ioc;
+  HttpResult result;
+  auto exchange = std::make_shared<Exchange>(
+      ioc, options, [&result](HttpResult answer) { result = std::move(answer); });
+  exchange->Start(method, url);
+  exchange.reset();  // the handlers own it now
+  ioc.run();  // the exchange's deadline ends it
   return result;
+}
+
+struct AsyncHttpClient::Impl {
+  asio::io_context ioc;
+  asio::executor_work_guard<asio::io_context::executor_type> work = asio::make_work_guard(ioc);
+  std::vector<std::thread> threads;
+  std::mutex stop_mutex;
+  bool stopped = false;
+};
+
+AsyncHttpClient::AsyncHttpClient(int threads) : impl_(std::make_unique<Impl>()) {
+  for (int i = 0; i < std::max(threads, 1); ++i)
+    impl_->threads.emplace_back([ioc = &impl_->ioc] { ioc->run(); });
+}
+
+AsyncHttpClient::~AsyncHttpClient() {
+  Stop();
+}
+
+void AsyncHttpClient::Call(std::string_view method, std::string_view url, HttpCallOptions options,
+                           Done done) {
+  auto exchange = std::make_shared<Exchange>(impl_->ioc, std::move(options), std::move(done));
+  // On an io thread, so that a call that fails at once does not run `done` on the caller's.
+  asio::post(impl_->ioc, [exchange, method = std::string(method), url = std::string(url)] {
+    exchange->Start(method, url);
+  });
+}
+
+void AsyncHttpClient::After(std::chrono::milliseconds delay, std::function<void()> work) {
+  auto timer = std::make_shared<asio::steady_timer>(impl_->ioc, delay);
+  timer->async_wait([timer, work = std::move(work)](beast::error_code error) {
+    if (!error) work();
+  });
+}
+
+void AsyncHttpClient::Stop() {
+  std::lock_guard lock(impl_->stop_mutex);
+  if (impl_->stopped) return;
+  impl_->stopped = true;
+  impl_->work.reset();
+  impl_->ioc.stop();
+  for (std::thread& thread : impl_->threads)
+    thread.join();
 }
 
 HttpResult HttpGet(std::string_view url, std::chrono::milliseconds timeout) {

@@ -1,11 +1,13 @@
 #pragma once
 
-// A small synchronous HTTP/1.1 client for the CLI, the agent and tests: one request per
-// connection, one deadline for the whole exchange (connect, TLS handshake, send, receive).
+// A small HTTP/1.1 client for the CLI, the agent and tests (synchronous), and for many calls at
+// once (AsyncHttpClient): one request per connection, one deadline for the whole exchange (connect, TLS handshake, send, receive).
 // https:// URLs verify the server's certificate (against HttpCallOptions::ca_file or the system's
 // CAs) and that it names the URL's host (DNS name or IP address); the host name goes as SNI.
 
 #include <chrono>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -48,12 +50,39 @@ struct HttpCallOptions {
   HttpHeaders headers;  // extra request headers: Authorization, ...
   // https: a PEM file of the CA certificates to trust; empty: the system's (/etc/ssl/certs).
   std::string ca_file;
+  // The connection's source IP; empty: the kernel's choice. The fleet simulator gives each
+  // simulated node its own loopback address, as real nodes have their own.
+  std::string local_address;
 };
 
 HttpResult HttpCall(std::string_view method, std::string_view url, const HttpCallOptions& options);
 HttpResult HttpCall(std::string_view method, std::string_view url, std::string_view body = {},
                     std::chrono::milliseconds timeout = kDefaultHttpTimeout,
                     std::string_view content_type = "application/json");
+// Many HTTP calls in flight at once on a few threads, for a process that holds thousands of long
+// polls open (the fleet simulator, docs/scale.md). Each call is one request on its own
+// connection with one deadline, exactly as HttpCall makes it.
+class AsyncHttpClient {
+ public:
+  explicit AsyncHttpClient(int threads = 1);
+  ~AsyncHttpClient();  // Stop()
+  AsyncHttpClient(const AsyncHttpClient&) = delete;
+  AsyncHttpClient& operator=(const AsyncHttpClient&) = delete;
+
+  using Done = std::function<void(HttpResult)>;
+  // `done` runs once on one of the client's threads, unless Stop() comes first.
+  void Call(std::string_view method, std::string_view url, HttpCallOptions options, Done done);
+  // Runs `work` on one of the client's threads after `delay`, unless Stop() comes first.
+  void After(std::chrono::milliseconds delay, std::function<void()> work);
+  // Drops what is in flight (no callback runs after it returns) and joins the threads.
+  // Idempotent; not from one of the client's own threads.
+  void Stop();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 HttpResult HttpGet(std::string_view url, std::chrono::milliseconds timeout = kDefaultHttpTimeout);
 HttpResult HttpPost(std::string_view url, std::string_view body,
                     std::chrono::milliseconds timeout = kDefaultHttpTimeout);

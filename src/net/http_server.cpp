@@ -539,6 +539,17 @@ std::string HttpCountersMetricsText(const HttpServerCounters& counters, std::str
   return text;
 }
 
+size_t RaiseOpenFileLimit() {
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) != 0) return 0;
+  if (files.rlim_cur < files.rlim_max) {
+    rlimit raised = files;
+    raised.rlim_cur = raised.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) files = raised;
+  }
+  return files.rlim_cur == RLIM_INFINITY ? SIZE_MAX : static_cast<size_t>(files.rlim_cur);
+}
+
 HttpServer::StartResult HttpServer::Start(const HttpServerOptions& options, HttpHandler handler) {
   if (!handler) return Start(options, HttpAsyncHandler{});
   return Start(options, [handler = std::move(handler)](HttpRequest request, HttpResponder respond) {

@@ -63,6 +63,10 @@ struct HttpServerOptions {
   std::string tls_key_file;
 };
 
+// Raises this process's soft open-file limit to its hard limit, as a server holding a connection
+// per node needs (systemd's default soft limit is 1024); returns the limit in force.
+size_t RaiseOpenFileLimit();
+
 class HttpServer {
  public:
   struct StartResult {

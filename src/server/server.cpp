@@ -281,6 +281,7 @@ std::string Server::Impl::Start() {
   http_options.tls_key_file = options.tls_key_file;
   http_options.counters = http_counters;
   http_options.max_connections_per_client = options.max_connections_per_client;
+  http_options.max_connections = options.max_connections;
   auto started = net::HttpServer::Start(
       http_options, [this](net::HttpRequest request, net::HttpResponder respond) {
         Dispatch(std::move(request), std::move(respond));
@@ -394,13 +395,26 @@ void Server::Impl::IndexJobLocked(const JobRecord& job) {
   }
   pending_jobs.erase(job.id);
   active_jobs.erase(job.id);
+  if (auto indexed = indexed_nodes.find(job.id); indexed != indexed_nodes.end()) {
+    for (const std::string& node : indexed->second) {
+      auto on = active_on_node.find(node);
+      on->second.erase(job.id);
+      if (on->second.empty()) active_on_node.erase(on);
+    }
+    indexed_nodes.erase(indexed);
+  }
   if (job.state == JobState::kPending) {
     const Service service = ServiceOf(job, 0);  // a pending job's service does not grow
     pending_jobs.emplace(job.id, std::make_shared<const sched::PendingJob>(
                                      sched::PendingJob{ToJobSpec(job), service.attained_gpu_ms,
                                                        service.last_run_end, service.preemptions}));
-  } else if (IsActive(job.state))
+  } else if (IsActive(job.state)) {
     active_jobs.insert(job.id);
+    std::vector<std::string> on = NodesOf(job);
+    for (const std::string& node : on)
+      active_on_node[node].insert(job.id);
+    indexed_nodes.emplace(job.id, std::move(on));
+  }
 }
 
 std::map<std::string, double, std::less<>> Server::Impl::FairShareUsageLocked(TimeMs now) const {
@@ -434,7 +448,9 @@ void Server::Impl::TrackIdleLocked(const std::string& name, TimeMs now) {
   std::map<int32_t, double> utilization;
   for (const api::GpuStatus& gpu : node.record.report.gpus)
     utilization[gpu.index] = gpu.utilization_pct;
-  for (JobId id : active_jobs) {
+  auto on = active_on_node.find(name);
+  if (on == active_on_node.end()) return;
+  for (JobId id : on->second) {
     const JobRecord& job = jobs.at(id);
     if (job.state != JobState::kRunning) continue;
     bool here = false, idle = true;
@@ -549,6 +565,31 @@ void Server::Impl::ChangedLocked() {
   WakeSchedulerLocked();
 }
 
+void Server::Impl::CapacityChangedLocked() {
+  ++capacity_generation;
+  ChangedLocked();
+}
+
+const std::shared_ptr<const Server::Impl::ClusterView>& Server::Impl::ClusterViewLocked() {
+  if (cluster_view && cluster_view_generation == capacity_generation) return cluster_view;
+  auto view = std::make_shared<ClusterView>();
+  for (const auto& [name, entry] : nodes) {
+    if (entry.record.state == NodeState::kLost) continue;
+    Node node = SchedNodeOf(name, entry.record.report);
+    node.schedulable = !entry.record.drained;
+    std::unordered_map<int32_t, int32_t> slots;
+    for (size_t slot = 0; slot < node.gpus.size(); ++slot)
+      slots[node.gpus[slot].index] = static_cast<int32_t>(slot);
+    view->any_ready = view->any_ready || node.schedulable;
+    view->position[name] = static_cast<int32_t>(view->cluster.nodes.size());
+    view->gpu_slots.push_back(std::move(slots));
+    view->cluster.nodes.push_back(std::move(node));
+  }
+  cluster_view = std::move(view);
+  cluster_view_generation = capacity_generation;
+  return cluster_view;
+}
+
 CreatedToken Server::Impl::CreateTokenLocked(const std::string& user, const std::string& team,
                                              api::Role role, const Caller& actor, TimeMs now,
                                              std::vector<Mutation>& batch, std::string scope,
@@ -590,7 +631,9 @@ api::SyncResponse Server::Impl::DesiredLocked(const std::string& node) const {
   api::SyncResponse response;
   response.heartbeat_ms = static_cast<int32_t>(options.heartbeat_ms);
   if (auto it = nodes.find(node); it != nodes.end()) response.version = it->second.version;
-  for (JobId id : active_jobs) {
+  auto on = active_on_node.find(node);
+  if (on == active_on_node.end()) return response;
+  for (JobId id : on->second) {
     const JobRecord& job = jobs.at(id);
     std::string master_addr;
     for (const api::TaskStatus& task : job.tasks) {
@@ -628,10 +671,10 @@ void Server::Impl::FinishSyncLocked(const std::string& node, uint64_t known_vers
     return;
   }
   const TimeMs wait = std::min<TimeMs>(wait_ms, options.heartbeat_ms);
-  it->second.parked.push_back(
-      Parked{known_version, std::chrono::steady_clock::now() + std::chrono::milliseconds(wait),
-             std::move(respond)});
-  maintenance_cv.notify_one();
+  const SteadyTime deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait);
+  it->second.parked.push_back(Parked{known_version, deadline, std::move(respond)});
+  parked_deadlines.emplace(deadline, node);
+  if (deadline < maintenance_next) maintenance_cv.notify_one();
 }
 
 // ---- Maintenance: long-poll deadlines, lost nodes
@@ -641,16 +684,19 @@ void Server::Impl::MarkLostLocked(NodeEntry& node, TimeMs now, std::vector<Mutat
                                   std::vector<std::string>& wake) {
   const std::string& name = node.record.report.name;
   node.record.state = NodeState::kLost;
+  ++capacity_generation;
   batch.push_back(PutNodeLocked(node));
   const std::string reason =
       fmt::format("node {} lost: no sync for {}", name, FormatMs(options.node_timeout_ms));
   int requeued = 0;
   int failed_jobs = 0;
-  const std::vector<JobId> active(active_jobs.begin(), active_jobs.end());
-  for (JobId id : active) {
+  // A copy: requeuing a job takes it out of the index.
+  std::vector<JobId> here;
+  if (auto on_node = active_on_node.find(name); on_node != active_on_node.end())
+    here.assign(on_node->second.begin(), on_node->second.end());
+  for (JobId id : here) {
     JobRecord& job = jobs.at(id);
     const std::vector<std::string> on = NodesOf(job);
-    if (std::find(on.begin(), on.end(), name) == on.end()) continue;
     if (job.spec.restartable) {
       RequeueJob(job, reason, now);
       ++requeued;
@@ -678,35 +724,48 @@ void Server::Impl::MaintenanceLoop() {
     SteadyTime next = steady_now + std::chrono::seconds(1);
     std::vector<Mutation> batch;
     std::vector<std::string> wake;
+    // Polls past their deadline are answered with the (unchanged) desired state.
+    while (!parked_deadlines.empty() && parked_deadlines.begin()->first <= steady_now) {
+      const std::string name = std::move(parked_deadlines.begin()->second);
+      parked_deadlines.erase(parked_deadlines.begin());
+      auto node = nodes.find(name);
+      if (node == nodes.end()) continue;
+      std::vector<Parked>& parked = node->second.parked;
+      auto expired = std::stable_partition(parked.begin(), parked.end(), [&](const Parked& p) {
+        return p.deadline > steady_now;
+      });
+      if (expired == parked.end()) continue;
+      const std::string body = json(DesiredLocked(name)).dump();
+      for (auto it = expired; it != parked.end(); ++it)
+        it->respond(net::HttpResponse::Json(200, body));
+      parked.erase(expired, parked.end());
+    }
+    if (!parked_deadlines.empty()) next = std::min(next, parked_deadlines.begin()->first);
+    // Every node's liveness, only when one may have gone silent: syncs only move a node's
+    // deadline later, so the earliest one seen in the last pass bounds the next.
     bool lost_any = false;
-    for (auto& [name, node] : nodes) {
-      if (!node.parked.empty()) {
-        // Polls past their deadline are answered with the (unchanged) desired state.
-        auto expired =
-            std::stable_partition(node.parked.begin(), node.parked.end(),
-                                  [&](const Parked& p) { return p.deadline > steady_now; });
-        if (expired != node.parked.end()) {
-          const std::string body = json(DesiredLocked(name)).dump();
-          for (auto it = expired; it != node.parked.end(); ++it)
-            it->respond(net::HttpResponse::Json(200, body));
-          node.parked.erase(expired, node.parked.end());
-        }
-        for (const Parked& parked : node.parked)
-          next = std::min(next, parked.deadline);
-      }
-      if (node.record.state != NodeState::kLost && !failed()) {
+    if (steady_now >= next_lost_scan && !failed()) {
+      SteadyTime earliest = steady_now + std::chrono::seconds(1);
+      for (auto& [name, node] : nodes) {
+        if (node.record.state == NodeState::kLost) continue;
         const SteadyTime lost_at =
             node.last_seen + std::chrono::milliseconds(options.node_timeout_ms);
         if (lost_at <= steady_now) {
           MarkLostLocked(node, WallMs(), batch, wake);
           lost_any = true;
         } else {
-          next = std::min(next, lost_at);
+          earliest = std::min(earliest, lost_at);
         }
       }
+      next_lost_scan = earliest;
     }
-    const bool idle_changed =
-        options.idle_gpu_timeout_ms > 0 && !failed() && CheckIdleLocked(WallMs(), batch, wake);
+    if (!failed()) next = std::min(next, next_lost_scan);
+    // Idle GPUs are judged over minutes: once a second is enough, however often the loop wakes.
+    bool idle_changed = false;
+    if (options.idle_gpu_timeout_ms > 0 && !failed() && steady_now >= next_idle_check) {
+      idle_changed = CheckIdleLocked(WallMs(), batch, wake);
+      next_idle_check = steady_now + std::chrono::seconds(1);
+    }
     if (lost_any || idle_changed) ChangedLocked();
     if (!deployments.empty() && !failed()) {
       // Autoscalers every 2 s (Knative's tick); the replicas' convergence on every pass.
@@ -716,6 +775,7 @@ void Server::Impl::MaintenanceLoop() {
     }
     ExpireEndpointWatchesLocked(steady_now, next);
     if (!batch.empty()) CommitLocked(std::move(batch), nullptr, std::move(wake));
+    maintenance_next = next;
     maintenance_cv.wait_until(lock, next);
   }
 }
@@ -747,24 +807,13 @@ void Server::Impl::SchedulerLoop() {
   scheduler_running = false;
 }
 
-Server::Impl::Snapshot Server::Impl::SnapshotLocked(TimeMs now) const {
+Server::Impl::Snapshot Server::Impl::SnapshotLocked(TimeMs now) {
   Snapshot snapshot;
   snapshot.generation = generation;
-  std::unordered_map<std::string, int32_t> position;
-  std::vector<std::unordered_map<int32_t, int32_t>> gpu_position;  // per node: GPU index -> slot
-  for (const auto& [name, entry] : nodes) {
-    if (entry.record.state == NodeState::kLost) continue;
-    Node node = SchedNodeOf(name, entry.record.report);
-    node.schedulable = !entry.record.drained;
-    std::unordered_map<int32_t, int32_t> slots;
-    for (size_t slot = 0; slot < node.gpus.size(); ++slot)
-      slots[node.gpus[slot].index] = static_cast<int32_t>(slot);
-    snapshot.any_ready = snapshot.any_ready || node.schedulable;
-    position[name] = static_cast<int32_t>(snapshot.cluster.nodes.size());
-    gpu_position.push_back(std::move(slots));
-    snapshot.node_names.push_back(name);
-    snapshot.cluster.nodes.push_back(std::move(node));
-  }
+  snapshot.view = ClusterViewLocked();
+  snapshot.any_ready = snapshot.view->any_ready;
+  const auto& position = snapshot.view->position;
+  const auto& gpu_position = snapshot.view->gpu_slots;
   for (JobId id : active_jobs) {
     const JobRecord& job = jobs.at(id);
     sched::Allocation allocation;
@@ -778,7 +827,7 @@ Server::Impl::Snapshot Server::Impl::SnapshotLocked(TimeMs now) const {
       sched::TaskPlacement placement;
       placement.node = node->second;
       for (int32_t index : task.gpu_indices) {
-        auto& slots = gpu_position[static_cast<size_t>(node->second)];
+        const auto& slots = gpu_position[static_cast<size_t>(node->second)];
         auto slot = slots.find(index);
         if (slot == slots.end()) {
           known = false;
@@ -849,7 +898,7 @@ std::chrono::steady_clock::duration Server::Impl::RunCycle() {
             sched::TargetWorkloadOf(shapes, sched::WorkloadWeight::kGpus);
       }
       try {
-        decisions = sched::Schedule(snapshot.cluster, snapshot.running, pending, now,
+        decisions = sched::Schedule(snapshot.cluster(), snapshot.running, pending, now,
                                     cycle_config ? *cycle_config : options.scheduler, cycle);
         decided = true;
         if (cycle.explain_all_waiting) last_explained = cycle_start;
@@ -894,7 +943,7 @@ void Server::Impl::ApplyLocked(const Snapshot& snapshot, const sched::Decisions&
     std::vector<std::string> where;
     for (size_t rank = 0; rank < placement.allocation.size(); ++rank) {
       const sched::TaskPlacement& task_placement = placement.allocation[rank];
-      const Node& node = snapshot.cluster.nodes.at(static_cast<size_t>(task_placement.node));
+      const Node& node = snapshot.cluster().nodes.at(static_cast<size_t>(task_placement.node));
       api::TaskStatus task;
       task.rank = static_cast<int32_t>(rank);
       task.node = node.name;
@@ -941,8 +990,8 @@ void Server::Impl::ApplyLocked(const Snapshot& snapshot, const sched::Decisions&
 }
 
 const Cluster* Server::Impl::FeasibilityClusterLocked() {
-  if (feasibility_generation != generation) {
-    feasibility_generation = generation;
+  if (feasibility_generation != capacity_generation) {
+    feasibility_generation = capacity_generation;
     Cluster cluster;
     // Drained nodes count: a job that fits only there can still run once they are undrained.
     for (const auto& [name, entry] : nodes)

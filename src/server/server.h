@@ -47,6 +47,9 @@ struct ServerOptions {
   // Connections one client address may hold open to the API at once (slowloris); 0: no limit.
   // Raise it for many users behind one NAT or proxy.
   size_t max_connections_per_client = 256;
+  // Connections open at once in all: every agent holds one (its long poll). 0: half the open-file
+  // limit, at most 10000 (net::HttpServerOptions).
+  size_t max_connections = 0;
   // One line per notable event (node registered or lost, store failure); nothing when unset.
   std::function<void(const std::string&)> log;
   // Opens the store; unset: SQLite in data_dir. Another backend (etcd), or a test's, goes here.

@@ -468,7 +468,7 @@ void SetDrained(Impl& s, const HttpRequest& request, const Caller& caller, HttpR
   batch.push_back(s.PutNodeLocked(node));
   batch.push_back(
       s.AuditLocked(caller, drained ? "node.drain" : "node.undrain", "node/" + name, "", now));
-  s.ChangedLocked();
+  s.CapacityChangedLocked();
   s.Log(fmt::format("node {} {} by {}", name, drained ? "drained" : "undrained", caller.info.user));
   s.CommitLocked(std::move(batch),
                  AnswerWhenDurable(std::move(respond), JsonResponse(200, NodeJsonLocked(s, node))));
@@ -771,6 +771,7 @@ void Sync(Impl& s, const HttpRequest& request, const Caller&, HttpResponder resp
     return respond(HttpResponse::Error(
         400,
         fmt::format("node name must be 1-253 letters, digits, '-', '_' or '.', not '{}'", name)));
+  ++s.agent_syncs;
   std::unique_lock lock(s.mu);
   if (s.failed()) return respond(HttpResponse::Error(503, s.FatalMessage()));
   const TimeMs now = WallMs();
@@ -807,7 +808,7 @@ void Sync(Impl& s, const HttpRequest& request, const Caller&, HttpResponder resp
   std::vector<Mutation> batch;
   std::vector<std::string> wake;
   if (persist) batch.push_back(s.PutNodeLocked(node));
-  if (capacity_changed) s.ChangedLocked();
+  if (capacity_changed) s.CapacityChangedLocked();
   bool endpoints_changed = false;
   for (const api::WorkloadReport& report : sync.workloads) {
     auto job = s.jobs.find(report.job_id);
@@ -1040,9 +1041,11 @@ HttpResponse Metrics(Impl& s) {
       "# HELP gpufleet_up 1 while the server can acknowledge changes, 0 after a store failure.\n"
       "# TYPE gpufleet_up gauge\ngpufleet_up {}\n"
       "# HELP gpufleet_agent_syncs_parked Agents' syncs held open until there is news.\n"
-      "# TYPE gpufleet_agent_syncs_parked gauge\ngpufleet_agent_syncs_parked {}\n",
+      "# TYPE gpufleet_agent_syncs_parked gauge\ngpufleet_agent_syncs_parked {}\n"
+      "# HELP gpufleet_agent_syncs_total Agents' syncs received (node reports, heartbeats).\n"
+      "# TYPE gpufleet_agent_syncs_total counter\ngpufleet_agent_syncs_total {}\n",
       stats.groups_committed, stats.batches_committed, stats.groups_failed, audit_entries,
-      s.failed() ? 0 : 1, parked);
+      s.failed() ? 0 : 1, parked, s.agent_syncs.load());
   out += net::HttpCountersMetricsText(*s.http_counters, "gpufleet");
   return HttpResponse::Text(200, std::move(out), "text/plain; version=0.0.4; charset=utf-8");
 }

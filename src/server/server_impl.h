@@ -104,10 +104,19 @@ struct Server::Impl {
     api::TokenInfo info;
     std::string sha256;
   };
+  // The nodes as the scheduler sees them (every node not lost, in name order, drained ones not
+  // schedulable), rebuilt only when a node registers, is lost or back, changes shape, or is
+  // drained or undrained: snapshots taken meanwhile share it instead of copying 10,000 nodes.
+  struct ClusterView {
+    Cluster cluster;
+    std::unordered_map<std::string, int32_t> position;         // node name -> cluster position
+    std::vector<std::unordered_map<int32_t, int32_t>> gpu_slots;  // per node: GPU index -> slot
+    bool any_ready = false;
+  };
   // The scheduler's input, taken under the lock and used outside it.
   struct Snapshot {
-    Cluster cluster;
-    std::vector<std::string> node_names;  // cluster position -> node name
+    std::shared_ptr<const ClusterView> view;
+    const Cluster& cluster() const { return view->cluster; }
     std::vector<sched::RunningJob> running;
     // Shared with pending_jobs: taking a snapshot of a long queue copies pointers, not specs.
     std::vector<std::shared_ptr<const sched::PendingJob>> pending;
@@ -178,6 +187,9 @@ struct Server::Impl {
   std::vector<std::string> NodesOf(const api::JobRecord& job) const;
   void WakeSchedulerLocked();
   void ChangedLocked();  // something a scheduling decision may depend on changed
+  // A node's capacity changed (registered, lost, back, shape, drain): also the cluster view.
+  void CapacityChangedLocked();
+  const std::shared_ptr<const ClusterView>& ClusterViewLocked();
 
   // Syncs.
   api::SyncResponse DesiredLocked(const std::string& node) const;
@@ -189,7 +201,7 @@ struct Server::Impl {
   void SchedulerLoop();
   // Returns how long the cycle took, which spaces out the next one (SchedulerLoop).
   std::chrono::steady_clock::duration RunCycle();
-  Snapshot SnapshotLocked(TimeMs now) const;
+  Snapshot SnapshotLocked(TimeMs now);
   void ApplyLocked(const Snapshot& snapshot, const sched::Decisions& decisions, TimeMs now);
   // The cluster a new job is checked against (422): every node not lost, drained ones included
   // (a drain is temporary); nothing while no node is ready.
@@ -260,6 +272,10 @@ struct Server::Impl {
   // State pending, with what the scheduler needs of each (fixed while the job is pending).
   std::map<JobId, std::shared_ptr<const sched::PendingJob>> pending_jobs;
   std::set<JobId> active_jobs;        // scheduled, starting or running
+  // The active jobs with a task on each node, and the nodes each is indexed under: a sync reads
+  // its node's tasks without walking every active job (10,000 nodes, docs/scale.md).
+  std::unordered_map<std::string, std::set<JobId>> active_on_node;
+  std::unordered_map<JobId, std::vector<std::string>> indexed_nodes;
   std::set<std::string> queue_names;  // every queue a job (even a finished one) has named
   // The spans jobs held GPUs that have ended, each counted once by IndexJobLocked: the fair-share
   // ledger and the teams' GPU-time for /metrics grow with them instead of re-reading every job's
@@ -281,6 +297,12 @@ struct Server::Impl {
   std::unordered_map<JobId, std::vector<JobId>> yields_to;
   bool YieldsLocked(JobId id) const;
   std::map<std::string, NodeEntry> nodes;
+  // Parked syncs' deadlines, earliest first, so that the maintenance loop answers those due
+  // without visiting every node (an entry whose poll was answered earlier is skipped).
+  std::multimap<SteadyTime, std::string> parked_deadlines;
+  SteadyTime maintenance_next{};  // when the maintenance loop wakes next
+  SteadyTime next_lost_scan{};    // no node can be lost before then
+  SteadyTime next_idle_check{};
   std::map<std::string, DeploymentEntry> deployments;
   std::map<std::string, GatewayEntry> gateways;
   std::vector<EndpointWatch> endpoint_watches;
@@ -296,6 +318,9 @@ struct Server::Impl {
   // restarted server's versions differ from what agents saw before it restarted.
   uint64_t last_version = 0;
   uint64_t generation = 0;  // see ChangedLocked
+  uint64_t capacity_generation = 0;  // see CapacityChangedLocked
+  uint64_t cluster_view_generation = ~uint64_t{0};
+  std::shared_ptr<const ClusterView> cluster_view;
   uint64_t feasibility_generation = ~uint64_t{0};
   std::optional<Cluster> feasibility_cluster;
   bool stopping = false;
@@ -327,6 +352,7 @@ struct Server::Impl {
   Histogram request_latency{RequestLatencyBuckets()};
   RequestCounter requests;
   std::atomic<uint64_t> cycles{0};
+  std::atomic<uint64_t> agent_syncs{0};
 };
 
 // ---- Route helpers (server_api.cpp) ----------------------------------------------------------

@@ -548,6 +548,112 @@ TEST(HttpClient, ReportsRefusedConnectionsAndBadUrls) {
   EXPECT_EQ(bad_port.error, "'http://127.0.0.1:99999/': bad port '99999'");
 }
 
+TEST(AsyncHttpClient, HoldsManyCallsAtOnceFromChosenSourceAddresses) {
+  // Every request is held until 300 are in: a client that ran them one at a time would never
+  // get there. One connection per client address: a call from an address already holding one is
+  // refused, which shows each call came from the address it was given.
+  constexpr int kCalls = 300;
+  std::mutex mutex;
+  std::vector<HttpResponder> parked;
+  Router router;
+  router.AddAsync("GET", "/hold", [&](HttpRequest, HttpResponder respond) {
+    std::lock_guard lock(mutex);
+    parked.push_back(std::move(respond));
+    if (parked.size() < kCalls) return;
+    for (HttpResponder& waiting : parked)
+      waiting(HttpResponse::Text(200, "released"));
+    parked.clear();
+  });
+  HttpServerOptions options;
+  options.max_connections_per_client = 1;
+  auto started = HttpServer::Start(options, [&router](HttpRequest request, HttpResponder respond) {
+    router.Dispatch(std::move(request), std::move(respond));
+  });
+  ASSERT_TRUE(started.server) << started.error;
+  HttpServer& server = *started.server;
+
+  AsyncHttpClient client(2);
+  std::mutex results_mutex;
+  std::condition_variable all_done;
+  std::vector<HttpResult> results;
+  for (int i = 0; i < kCalls; ++i) {
+    HttpCallOptions call;
+    call.timeout = 10s;
+    call.local_address = "127.20." + std::to_string(i / 250) + "." + std::to_string(i % 250 + 1);
+    client.Call("GET", Url(server, "/hold"), call, [&](HttpResult result) {
+      std::lock_guard lock(results_mutex);
+      results.push_back(std::move(result));
+      all_done.notify_all();
+    });
+  }
+  {
+    std::unique_lock lock(results_mutex);
+    ASSERT_TRUE(all_done.wait_for(lock, 20s, [&] { return results.size() == kCalls; }));
+  }
+  for (const HttpResult& result : results) {
+    ASSERT_TRUE(result.ok()) << result.error;
+    EXPECT_EQ(result.response->body, "released");
+  }
+
+  // Two at once from one address: the second is over the per-client limit.
+  results.clear();
+  router.AddAsync("GET", "/park", [&](HttpRequest, HttpResponder respond) {
+    std::lock_guard lock(mutex);
+    parked.push_back(std::move(respond));
+  });
+  HttpCallOptions same;
+  same.local_address = "127.20.9.9";
+  same.timeout = 300ms;
+  auto note = [&](HttpResult result) {
+    std::lock_guard lock(results_mutex);
+    results.push_back(std::move(result));
+    all_done.notify_all();
+  };
+  client.Call("GET", Url(server, "/park"), same, note);
+  {
+    // Until the first holds its connection.
+    auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (std::chrono::steady_clock::now() < deadline) {
+      std::lock_guard lock(mutex);
+      if (!parked.empty()) break;
+    }
+  }
+  client.Call("GET", Url(server, "/park"), same, note);
+  {
+    std::unique_lock lock(results_mutex);
+    ASSERT_TRUE(all_done.wait_for(lock, 5s, [&] { return results.size() == 2; }));
+  }
+  // The second call, refused at once: a 503, or a reset when the refusal closed the socket
+  // before the request was written.
+  EXPECT_TRUE(!results[0].ok() || results[0].response->status == 503);
+  EXPECT_EQ(results[0].error.find("no answer"), std::string::npos) << results[0].error;
+  EXPECT_FALSE(results[1].ok());                // the first, parked past its deadline
+  EXPECT_NE(results[1].error.find("no answer within 300 ms"), std::string::npos)
+      << results[1].error;
+
+  HttpCallOptions bad;
+  bad.local_address = "not-an-address";
+  std::promise<HttpResult> refused;
+  client.Call("GET", Url(server, "/hold"), bad,
+              [&](HttpResult result) { refused.set_value(std::move(result)); });
+  EXPECT_NE(refused.get_future().get().error.find("bad local address 'not-an-address'"),
+            std::string::npos);
+
+  // Stopped with calls in flight: none of their callbacks runs afterwards.
+  std::atomic<int> late{0};
+  client.Call("GET", Url(server, "/park"), {}, [&](HttpResult) { ++late; });
+  std::atomic<int> timer{0};
+  client.After(10s, [&] { ++timer; });
+  client.Stop();
+  EXPECT_EQ(late.load(), 0);
+  EXPECT_EQ(timer.load(), 0);
+  {
+    std::lock_guard lock(mutex);
+    parked.clear();
+  }
+  server.Stop();
+}
+
 TEST(HttpUrl, Parses) {
   std::string error;
   auto url = ParseHttpUrl("http://127.0.0.1:9400/v1/gpus?x=1", error);
