@@ -486,4 +486,30 @@ std::optional<WaitReason> CheckFeasible(const Cluster& cluster, const JobSpec& s
   return Allocator(cluster).WhyNeverFits(spec);
 }
 
+FeasibilityChecker::FeasibilityChecker(Cluster cluster)
+    : cluster_(std::move(cluster)), allocator_(cluster_) {}
+
+std::optional<WaitReason> FeasibilityChecker::Check(const JobSpec& spec) {
+  const Shape shape{&spec};
+  auto& bucket = answers_[ShapeHash{}(shape)];
+  for (const auto& [known, answer] : bucket)
+    if (Shape{known} == shape) return answer;
+  if (shapes_.size() >= kMaxShapes) {
+    answers_.clear();
+    shapes_.clear();
+    return Check(spec);
+  }
+  JobSpec& key = shapes_.emplace_back();
+  key.tasks = spec.tasks;
+  key.tasks_per_node = spec.tasks_per_node;
+  key.gpu_milli_per_task = spec.gpu_milli_per_task;
+  key.cpu_milli_per_task = spec.cpu_milli_per_task;
+  key.memory_mib_per_task = spec.memory_mib_per_task;
+  key.min_gpu_memory_mib = spec.min_gpu_memory_mib;
+  key.gpu_models = spec.gpu_models;
+  std::optional<WaitReason> answer = allocator_.WhyNeverFits(spec);
+  bucket.emplace_back(&key, answer);
+  return answer;
+}
+
 }  // namespace gpufleet::sched

@@ -1,6 +1,12 @@
 #pragma once
 
+#include <cstddef>
+#include <deque>
+#include <optional>
 #include <span>
+#include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "sched/allocator.h"
 #include "sched/policy.h"
@@ -67,5 +73,25 @@ bool PendingBefore(const PendingJob& a, const PendingJob& b, TimeMs now,
 
 // Whether the job could ever run on this cluster, were it empty; the reason if not.
 std::optional<WaitReason> CheckFeasible(const Cluster& cluster, const JobSpec& spec);
+
+// CheckFeasible for many jobs against one cluster, as the server checks every submission: the
+// cluster's allocator is built once and each job shape's answer is remembered, so a check costs a
+// hash lookup instead of a pass over 10,000 nodes.
+class FeasibilityChecker {
+ public:
+  explicit FeasibilityChecker(Cluster cluster);
+  FeasibilityChecker(const FeasibilityChecker&) = delete;
+  FeasibilityChecker& operator=(const FeasibilityChecker&) = delete;
+  std::optional<WaitReason> Check(const JobSpec& spec);
+  const Cluster& cluster() const { return cluster_; }
+
+ private:
+  static constexpr size_t kMaxShapes = 4096;  // past it the answers are forgotten and relearnt
+  Cluster cluster_;
+  Allocator allocator_;  // over cluster_
+  std::deque<JobSpec> shapes_;  // the keys' specs
+  std::unordered_map<size_t, std::vector<std::pair<const JobSpec*, std::optional<WaitReason>>>>
+      answers_;  // by ShapeHash
+};
 
 }  // namespace gpufleet::sched

@@ -169,12 +169,12 @@ void ApplyDeployment(Impl& s, const HttpRequest& request, const Caller& caller,
   std::lock_guard lock(s.mu);
   if (RefuseMutationLocked(s, respond)) return;
   const TimeMs now = WallMs();
-  if (const Cluster* cluster = s.FeasibilityClusterLocked()) {
+  if (sched::FeasibilityChecker* cluster = s.FeasibilityLocked()) {
     DeploymentRecord shape_of;
     shape_of.spec = *spec;
     JobRecord probe = NewReplicaJob(shape_of, now, false);
     const JobSpec shape = ToJobSpec(probe);
-    if (auto why = sched::CheckFeasible(*cluster, shape))
+    if (auto why = cluster->Check(shape))
       return respond(HttpResponse::Error(422, fmt::format("a replica could never be placed: {}",
                                                           sched::DescribeWait(*why, shape))));
   }

@@ -989,7 +989,7 @@ void Server::Impl::ApplyLocked(const Snapshot& snapshot, const sched::Decisions&
   CommitLocked(std::move(batch), nullptr, std::move(wake));
 }
 
-const Cluster* Server::Impl::FeasibilityClusterLocked() {
+sched::FeasibilityChecker* Server::Impl::FeasibilityLocked() {
   if (feasibility_generation != capacity_generation) {
     feasibility_generation = capacity_generation;
     Cluster cluster;
@@ -997,10 +997,11 @@ const Cluster* Server::Impl::FeasibilityClusterLocked() {
     for (const auto& [name, entry] : nodes)
       if (entry.record.state != NodeState::kLost)
         cluster.nodes.push_back(SchedNodeOf(name, entry.record.report));
-    feasibility_cluster.reset();
-    if (!cluster.nodes.empty()) feasibility_cluster = std::move(cluster);
+    feasibility.reset();
+    if (!cluster.nodes.empty())
+      feasibility = std::make_unique<sched::FeasibilityChecker>(std::move(cluster));
   }
-  return feasibility_cluster ? &*feasibility_cluster : nullptr;
+  return feasibility.get();
 }
 
 // ---- Server -----------------------------------------------------------------------------------

@@ -254,10 +254,10 @@ void SubmitJob(Impl& s, const HttpRequest& request, const Caller& caller, HttpRe
   job.team = caller.info.team;
   job.spec = std::move(*spec);
   job.created_ms = now;
-  const Cluster* cluster = s.FeasibilityClusterLocked();
+  sched::FeasibilityChecker* cluster = s.FeasibilityLocked();
   if (cluster) {
     const JobSpec request_spec = ToJobSpec(job);
-    if (auto why = sched::CheckFeasible(*cluster, request_spec))
+    if (auto why = cluster->Check(request_spec))
       return respond(HttpResponse::Error(422, sched::DescribeWait(*why, request_spec)));
   }
   job.id = s.next_job_id++;

@@ -27,6 +27,7 @@
 #include "net/http_server.h"
 #include "sched/fair_share.h"
 #include "sched/queues.h"
+#include "sched/scheduler.h"
 #include "sched/types.h"
 #include "server/metrics.h"
 #include "server/server.h"
@@ -205,7 +206,7 @@ struct Server::Impl {
   void ApplyLocked(const Snapshot& snapshot, const sched::Decisions& decisions, TimeMs now);
   // The cluster a new job is checked against (422): every node not lost, drained ones included
   // (a drain is temporary); nothing while no node is ready.
-  const Cluster* FeasibilityClusterLocked();
+  sched::FeasibilityChecker* FeasibilityLocked();
 
   // Lost nodes and long-poll deadlines.
   void MaintenanceLoop();
@@ -322,7 +323,7 @@ struct Server::Impl {
   uint64_t cluster_view_generation = ~uint64_t{0};
   std::shared_ptr<const ClusterView> cluster_view;
   uint64_t feasibility_generation = ~uint64_t{0};
-  std::optional<Cluster> feasibility_cluster;
+  std::unique_ptr<sched::FeasibilityChecker> feasibility;
   bool stopping = false;
   bool scheduler_wake = false;
   // Every pending job's reason says no node is ready: set once when that becomes true, not on

@@ -562,6 +562,29 @@ TEST(CheckFeasible, TellsWhyAJobCanNeverRun) {
             "nodes can");
 }
 
+TEST(FeasibilityChecker, AnswersAsCheckFeasibleForEveryShapeAndRemembersThem) {
+  const Cluster cluster = Uniform(2, 8);
+  FeasibilityChecker checker(cluster);
+  std::vector<JobSpec> specs = {GpuJob(1, 2, 8000), GpuJob(2, 1, 500), GpuJob(3, 3, 8000),
+                                WholeGpus(4, 16), OnNodes(GpuJob(5, 3, 1000), 1),
+                                OnNodes(GpuJob(6, 4, 1000), 2)};
+  JobSpec model = WholeGpus(7, 1);
+  model.gpu_models = {"A100"};
+  specs.push_back(model);
+  model.gpu_models = {"H100-80GB"};
+  specs.push_back(model);
+  // Twice over, with other ids (the second round is answered from what the first learnt), and
+  // tasks_per_node apart so that shapes differing only there are told apart.
+  for (int round = 0; round < 2; ++round) {
+    for (JobSpec spec : specs) {
+      spec.id += 100 * round;
+      EXPECT_EQ(checker.Check(spec), CheckFeasible(cluster, spec)) << "job " << spec.id;
+    }
+  }
+  EXPECT_EQ(checker.Check(OnNodes(GpuJob(9, 3, 1000), 1)), WaitReason::kInfeasibleNodeCount);
+  EXPECT_EQ(checker.Check(GpuJob(10, 3, 1000)), std::nullopt);
+}
+
 TEST(CheckFeasible, IgnoresUnusableCapacity) {
   Cluster cluster = Uniform(2, 8);
   cluster.nodes[1].schedulable = false;
