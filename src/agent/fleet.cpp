@@ -50,8 +50,8 @@ std::string DottedQuad(uint32_t address) {
 
 // How long `sleep SECONDS` sleeps, or why the fleet cannot run the command.
 std::optional<TimeMs> SleepMs(const std::vector<std::string>& argv, std::string& error) {
-  if (argv.size() == 2 && (argv[0] == "sleep" || argv[0] == "/bin/sleep" ||
-                           argv[0] == "/usr/bin/sleep")) {
+  if (argv.size() == 2 &&
+      (argv[0] == "sleep" || argv[0] == "/bin/sleep" || argv[0] == "/usr/bin/sleep")) {
     try {
       size_t used = 0;
       const double seconds = std::stod(argv[1], &used);
@@ -60,9 +60,8 @@ std::optional<TimeMs> SleepMs(const std::vector<std::string>& argv, std::string&
     } catch (const std::exception&) {
     }
   }
-  error = fmt::format(
-      "the fleet simulator runs only `sleep SECONDS` (docs/scale.md), not `{}`",
-      fmt::join(argv, " "));
+  error = fmt::format("the fleet simulator runs only `sleep SECONDS` (docs/scale.md), not `{}`",
+                      fmt::join(argv, " "));
   return std::nullopt;
 }
 
@@ -178,9 +177,8 @@ struct Fleet::State : std::enable_shared_from_this<Fleet::State> {
     const std::string url = servers[node.server] + std::string(kSyncPath);
     Node* target = &node;
     client->Call("POST", url, std::move(http),
-                 [self = shared_from_this(), target, done = std::move(done)](net::HttpResult result) {
-                   self->Answered(*target, std::move(result), done);
-                 });
+                 [self = shared_from_this(), target, done = std::move(done)](
+                     net::HttpResult result) { self->Answered(*target, std::move(result), done); });
   }
 
   void Answered(Node& node, net::HttpResult result,
@@ -191,8 +189,8 @@ struct Fleet::State : std::enable_shared_from_this<Fleet::State> {
     if (!result.ok()) {
       error = result.error;
     } else if (result.response->status != 200) {
-      error = fmt::format("HTTP {}: {}", result.response->status,
-                          result.response->body.substr(0, 200));
+      error =
+          fmt::format("HTTP {}: {}", result.response->status, result.response->body.substr(0, 200));
     } else {
       try {
         answer = nlohmann::json::parse(result.response->body).get<api::SyncResponse>();
@@ -245,8 +243,7 @@ struct Fleet::State : std::enable_shared_from_this<Fleet::State> {
         unchanged = answer->version == node.known_version;
       }
       Apply(node, *answer);
-      const TimeMs took =
-          std::chrono::duration_cast<milliseconds>(Clock::now() - sent).count();
+      const TimeMs took = std::chrono::duration_cast<milliseconds>(Clock::now() - sent).count();
       if (unchanged && took < kQuickAnswerMs)
         After(kQuickAnswerPauseMs, [this, &node] { LongPoll(node); });
       else
@@ -280,7 +277,8 @@ struct Fleet::State : std::enable_shared_from_this<Fleet::State> {
         again = node.report_again || !answer;
         if (answer) {
           for (const std::string& id : ends)
-            if (auto it = node.tasks.find(id); it != node.tasks.end()) it->second.end_reported = true;
+            if (auto it = node.tasks.find(id); it != node.tasks.end())
+              it->second.end_reported = true;
         } else {
           backoff = node.backoff_ms;
         }

@@ -337,7 +337,8 @@ int RunFleet(const AgentArgs& args) {
     return kExitUsage;
   }
   if (args.fleet < 0) {
-    fmt::print(stderr, "error: --fleet {}: the number of simulated nodes, at least 1\n", args.fleet);
+    fmt::print(stderr, "error: --fleet {}: the number of simulated nodes, at least 1\n",
+               args.fleet);
     return kExitUsage;
   }
   auto token = ResolveToken(args, error);
@@ -810,10 +811,13 @@ CLI::App* AddAgentCommand(CLI::App& app, AgentArgs& args) {
       ->capture_default_str();
   agent->add_option("--fleet-model", args.fleet_model, "GPU model of the --fleet nodes")
       ->capture_default_str();
-  agent->add_option("--fleet-prefix", args.fleet_prefix, "Names of the --fleet nodes: PREFIX00001...")
+  agent
+      ->add_option("--fleet-prefix", args.fleet_prefix,
+                   "Names of the --fleet nodes: PREFIX00001...")
       ->capture_default_str();
-  agent->add_option("--fleet-spread", args.fleet_spread,
-                    "The --fleet nodes start one after another over this long")
+  agent
+      ->add_option("--fleet-spread", args.fleet_spread,
+                   "The --fleet nodes start one after another over this long")
       ->capture_default_str();
   agent->add_option("--fleet-threads", args.fleet_threads, "Network threads of the --fleet")
       ->capture_default_str();

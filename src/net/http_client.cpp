@@ -8,13 +8,13 @@
 #include <vector>
 
 #include <boost/asio/connect.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/post.hpp>
-#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/ssl/context.hpp>
 #include <boost/asio/ssl/error.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl/ssl_stream.hpp>
@@ -218,7 +218,8 @@ struct Exchange : std::enable_shared_from_this<Exchange> {
     deadline.expires_after(options.timeout + std::chrono::milliseconds(100));
     deadline.async_wait([self](beast::error_code timer_error) {
       if (timer_error) return;  // cancelled: finished in time
-      self->Fail(fmt::format("{}: no answer within {} ms", self->what, self->options.timeout.count()));
+      self->Fail(
+          fmt::format("{}: no answer within {} ms", self->what, self->options.timeout.count()));
     });
     // One deadline for the whole exchange; the stream's timer fails whatever is pending then.
     tcp_layer().expires_after(options.timeout);
@@ -249,10 +250,10 @@ struct Exchange : std::enable_shared_from_this<Exchange> {
       });
     };
     if (options.local_address.empty()) {
-      tcp_layer().async_connect(endpoints, [connected](beast::error_code connect_error,
-                                                       const tcp::endpoint&) {
-        connected(connect_error);
-      });
+      tcp_layer().async_connect(endpoints,
+                                [connected](beast::error_code connect_error, const tcp::endpoint&) {
+                                  connected(connect_error);
+                                });
       return;
     }
     // From a given source address: bind before connecting, to the first server address of the
@@ -288,8 +289,7 @@ struct Exchange : std::enable_shared_from_this<Exchange> {
                          const auto& response = self->parser.get();
                          HttpClientResponse answer;
                          answer.status = static_cast<int>(response.result_int());
-                         answer.content_type =
-                             std::string(response[http::field::content_type]);
+                         answer.content_type = std::string(response[http::field::content_type]);
                          for (const auto& field : response)
                            answer.headers.emplace_back(std::string(field.name_string()),
                                                        std::string(field.value()));
@@ -311,7 +311,7 @@ HttpResult HttpCall(std::string_view method, std::string_view url, const HttpCal
       ioc, options, [&result](HttpResult answer) { result = std::move(answer); });
   exchange->Start(method, url);
   exchange.reset();  // the handlers own it now
-  ioc.run();  // the exchange's deadline ends it
+  ioc.run();         // the exchange's deadline ends it
   return result;
 }
 

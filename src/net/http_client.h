@@ -1,9 +1,10 @@
 #pragma once
 
 // A small HTTP/1.1 client for the CLI, the agent and tests (synchronous), and for many calls at
-// once (AsyncHttpClient): one request per connection, one deadline for the whole exchange (connect, TLS handshake, send, receive).
-// https:// URLs verify the server's certificate (against HttpCallOptions::ca_file or the system's
-// CAs) and that it names the URL's host (DNS name or IP address); the host name goes as SNI.
+// once (AsyncHttpClient): one request per connection, one deadline for the whole exchange (connect,
+// TLS handshake, send, receive). https:// URLs verify the server's certificate (against
+// HttpCallOptions::ca_file or the system's CAs) and that it names the URL's host (DNS name or IP
+// address); the host name goes as SNI.
 
 #include <chrono>
 #include <functional>

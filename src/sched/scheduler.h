@@ -88,7 +88,7 @@ class FeasibilityChecker {
  private:
   static constexpr size_t kMaxShapes = 4096;  // past it the answers are forgotten and relearnt
   Cluster cluster_;
-  Allocator allocator_;  // over cluster_
+  Allocator allocator_;         // over cluster_
   std::deque<JobSpec> shapes_;  // the keys' specs
   std::unordered_map<size_t, std::vector<std::pair<const JobSpec*, std::optional<WaitReason>>>>
       answers_;  // by ShapeHash

@@ -731,9 +731,8 @@ void Server::Impl::MaintenanceLoop() {
       auto node = nodes.find(name);
       if (node == nodes.end()) continue;
       std::vector<Parked>& parked = node->second.parked;
-      auto expired = std::stable_partition(parked.begin(), parked.end(), [&](const Parked& p) {
-        return p.deadline > steady_now;
-      });
+      auto expired = std::stable_partition(
+          parked.begin(), parked.end(), [&](const Parked& p) { return p.deadline > steady_now; });
       if (expired == parked.end()) continue;
       const std::string body = json(DesiredLocked(name)).dump();
       for (auto it = expired; it != parked.end(); ++it)

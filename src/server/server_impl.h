@@ -110,7 +110,7 @@ struct Server::Impl {
   // drained or undrained: snapshots taken meanwhile share it instead of copying 10,000 nodes.
   struct ClusterView {
     Cluster cluster;
-    std::unordered_map<std::string, int32_t> position;         // node name -> cluster position
+    std::unordered_map<std::string, int32_t> position;            // node name -> cluster position
     std::vector<std::unordered_map<int32_t, int32_t>> gpu_slots;  // per node: GPU index -> slot
     bool any_ready = false;
   };
@@ -272,7 +272,7 @@ struct Server::Impl {
   std::map<JobId, api::JobRecord> jobs;
   // State pending, with what the scheduler needs of each (fixed while the job is pending).
   std::map<JobId, std::shared_ptr<const sched::PendingJob>> pending_jobs;
-  std::set<JobId> active_jobs;        // scheduled, starting or running
+  std::set<JobId> active_jobs;  // scheduled, starting or running
   // The active jobs with a task on each node, and the nodes each is indexed under: a sync reads
   // its node's tasks without walking every active job (10,000 nodes, docs/scale.md).
   std::unordered_map<std::string, std::set<JobId>> active_on_node;
@@ -318,7 +318,7 @@ struct Server::Impl {
   // Desired versions come from one counter that starts at the wall clock in microseconds, so a
   // restarted server's versions differ from what agents saw before it restarted.
   uint64_t last_version = 0;
-  uint64_t generation = 0;  // see ChangedLocked
+  uint64_t generation = 0;           // see ChangedLocked
   uint64_t capacity_generation = 0;  // see CapacityChangedLocked
   uint64_t cluster_view_generation = ~uint64_t{0};
   std::shared_ptr<const ClusterView> cluster_view;

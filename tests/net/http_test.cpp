@@ -627,7 +627,7 @@ TEST(AsyncHttpClient, HoldsManyCallsAtOnceFromChosenSourceAddresses) {
   // before the request was written.
   EXPECT_TRUE(!results[0].ok() || results[0].response->status == 503);
   EXPECT_EQ(results[0].error.find("no answer"), std::string::npos) << results[0].error;
-  EXPECT_FALSE(results[1].ok());                // the first, parked past its deadline
+  EXPECT_FALSE(results[1].ok());  // the first, parked past its deadline
   EXPECT_NE(results[1].error.find("no answer within 300 ms"), std::string::npos)
       << results[1].error;
 

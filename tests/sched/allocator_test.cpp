@@ -565,8 +565,11 @@ TEST(CheckFeasible, TellsWhyAJobCanNeverRun) {
 TEST(FeasibilityChecker, AnswersAsCheckFeasibleForEveryShapeAndRemembersThem) {
   const Cluster cluster = Uniform(2, 8);
   FeasibilityChecker checker(cluster);
-  std::vector<JobSpec> specs = {GpuJob(1, 2, 8000), GpuJob(2, 1, 500), GpuJob(3, 3, 8000),
-                                WholeGpus(4, 16), OnNodes(GpuJob(5, 3, 1000), 1),
+  std::vector<JobSpec> specs = {GpuJob(1, 2, 8000),
+                                GpuJob(2, 1, 500),
+                                GpuJob(3, 3, 8000),
+                                WholeGpus(4, 16),
+                                OnNodes(GpuJob(5, 3, 1000), 1),
                                 OnNodes(GpuJob(6, 4, 1000), 2)};
   JobSpec model = WholeGpus(7, 1);
   model.gpu_models = {"A100"};

@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+"""gpufleet side by side with a real Slurm 22.05 on the same work (docs/benchmarks.md, "Slurm").
+
+Both get the same cluster, N nodes x 8 GPUs on loopback, and the same seeded list of jobs, the mix
+of issue 14: 60 % 1 GPU, 20 % 2, 10 % 4, 8 % 8, 2 % 16 as 2 nodes x 8, each `sleep` 60-180 s.
+- Slurm: Debian's slurm-wlm (slurmctld, and one slurmd per virtual node, `slurmd -N nK`, each on
+  its own port; count-only GRES gpu:8; select/cons_tres, sched/backfill), jobs sent with `sbatch`.
+- gpufleet: `gpufleet server` (SQLite) and `gpufleet agent --fleet N`, jobs sent with
+  `gpufleet submit`: one process per job for both, --parallel at a time.
+For each: submissions/s, the time from the first submission until every job runs, and the
+controller's CPU (slurmctld, gpufleet server) over that span per job.
+
+Usage: bench/slurm_compare.py PATH/TO/gpufleet [--nodes 1000] [--jobs 1000] [--parallel 8]
+Needs root (slurmd, munged) and slurm-wlm + munge (apt-get install slurm-wlm).
+"""
+
+import argparse
+import concurrent.futures
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
+                                "e2e"))
+from e2e_testlib import Cluster, Process, api, wait_until  # noqa: E402
+from fleet_measure import cpu_seconds, mix_job, queue_counts, ready_nodes  # noqa: E402
+
+SLURM_CONF = """ClusterName=bench
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort={ctld_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool/%n
+SlurmctldPidFile={root}/slurmctld.pid
+SlurmdPidFile={root}/slurmd-%n.pid
+SlurmctldLogFile={root}/slurmctld.log
+SlurmdLogFile={root}/slurmd.log
+SlurmctldDebug=error
+SlurmdDebug=error
+SlurmdParameters=config_overrides
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+GresTypes=gpu
+ReturnToService=2
+MpiDefault=none
+MaxJobCount=200000
+SlurmdTimeout=600
+InactiveLimit=0
+KillWait=5
+NodeName=n[1-{nodes}] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[{first_port}-{last_port}] CPUs=64 RealMemory=100000 Gres=gpu:8 State=UNKNOWN
+PartitionName=batch Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+def poll(predicate, timeout, what, interval=0.5):
+    """Slower than wait_until: each look costs the controller CPU, which is what is measured."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def jobs_for(count, seed):
+    rng = random.Random(seed)
+    return [mix_job(rng) for _ in range(count)]
+
+
+def run_parallel(commands, parallel, env):
+    def one(argv):
+        result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+        if result.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)}: exit {result.returncode}: {result.stderr}")
+        return result.stdout
+    with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
+        return list(pool.map(one, commands))
+
+
+def measure_gpufleet(gpufleet, args, jobs):
+    with Cluster(gpufleet, "slurm-compare",
+                 server_args=["--max-connections", str(2 * args.nodes + 1000)]) as cluster:
+        server = cluster.start_server()
+        token = cluster.token("fleet", "ops", role="agent")
+        fleet = Process([gpufleet, "agent", "--fleet", str(args.nodes), "--server", cluster.url,
+                         "--token", token, "--fleet-spread", "5s"],
+                        os.path.join(cluster.root, "fleet.log"), "fleet")
+        cluster.agents["fleet"] = fleet
+        wait_until(lambda: ready_nodes(cluster, "fleet-") == args.nodes, 180, "fleet ready")
+        time.sleep(5)
+        env = dict(os.environ, GPUFLEET_SERVER=cluster.url, GPUFLEET_TOKEN=cluster.admin_token)
+        commands = []
+        for job in jobs:
+            argv = [gpufleet, "submit", "--gpus", str(job["gpus"]), "--name", "mix"]
+            if "nodes" in job:
+                argv += ["--nodes", str(job["nodes"])]
+            commands.append(argv + ["--", *job["command"]])
+        pid = server.process.pid
+        cpu0, t0, wall0 = cpu_seconds(pid), time.monotonic(), time.time()
+        run_parallel(commands, args.parallel, env)
+        submitted = time.monotonic() - t0
+        poll(lambda: queue_counts(cluster)[0] == 0, 600, "every job placed")
+        # Every job's `running` event, stamped by the server when its node said so.
+        status, body = api(cluster.url, cluster.admin_token, "GET",
+                           f"/api/v1/jobs?limit={len(jobs) + 10}", timeout=60)
+        assert status == 200, body
+        last_running = 0
+        for job in body["jobs"]:
+            _, detail = api(cluster.url, cluster.admin_token, "GET", f"/api/v1/jobs/{job['id']}")
+            times = [e["time_ms"] for e in detail["events"] if e["to"] == "running"]
+            assert times, f"job {job['id']} never ran: {detail['state']} {detail.get('reason')}"
+            last_running = max(last_running, times[0])
+        placed = last_running / 1000 - wall0
+        cpu = cpu_seconds(pid) - cpu0
+        fleet.stop()
+        return len(jobs) / submitted, placed, 1000 * cpu / len(jobs)
+
+
+def measure_slurm(args, jobs):
+    for tool in ("slurmctld", "slurmd", "sbatch", "munged"):
+        if not shutil.which(tool):
+            sys.exit(f"{tool} is missing: apt-get install slurm-wlm")
+    root = tempfile.mkdtemp(prefix="gpufleet-slurm-")
+    for sub in ("state", "spool"):
+        os.makedirs(os.path.join(root, sub))
+    conf = os.path.join(root, "slurm.conf")
+    with open(conf, "w") as out:
+        out.write(SLURM_CONF.format(root=root, nodes=args.nodes, ctld_port=16817,
+                                    first_port=20001, last_port=20000 + args.nodes))
+    with open(os.path.join(root, "gres.conf"), "w") as out:
+        out.write(f"NodeName=n[1-{args.nodes}] Name=gpu Count=8\n")
+    env = dict(os.environ, SLURM_CONF=conf)
+    daemons = []
+    try:
+        if subprocess.run(["pgrep", "-x", "munged"], capture_output=True).returncode != 0:
+            os.makedirs("/run/munge", exist_ok=True)
+            shutil.chown("/run/munge", "munge", "munge")
+            subprocess.run(["runuser", "-u", "munge", "--", "/usr/sbin/munged"], check=True)
+        ctld = subprocess.Popen(["slurmctld", "-D", "-i"], env=env, stdout=subprocess.DEVNULL,
+                                stderr=open(os.path.join(root, "slurmctld.err"), "w"))
+        daemons.append(ctld)
+        time.sleep(3)
+        for i in range(1, args.nodes + 1):
+            daemons.append(subprocess.Popen(["slurmd", "-D", "-N", f"n{i}"], env=env,
+                                            stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.DEVNULL))
+            if i % 100 == 0:
+                time.sleep(1)
+
+        def idle_nodes():
+            out = subprocess.run(["sinfo", "-h", "-N", "-t", "idle", "-o", "%N"], env=env,
+                                 capture_output=True, text=True).stdout
+            return len(out.split())
+        wait_until(lambda: idle_nodes() == args.nodes, 600, f"{args.nodes} slurmd nodes idle")
+        time.sleep(5)
+        commands = []
+        for job in jobs:
+            argv = ["sbatch", "--parsable", "-J", "mix", "-o", "/dev/null", "-N",
+                    str(job.get("nodes", 1)), f"--gres=gpu:{job['gpus']}"]
+            commands.append(argv + ["--wrap", " ".join(job["command"])])
+        cpu0, t0 = cpu_seconds(ctld.pid), time.monotonic()
+        run_parallel(commands, args.parallel, env)
+        submitted = time.monotonic() - t0
+
+        def running():
+            out = subprocess.run(["squeue", "-h", "-t", "R", "-o", "%i"], env=env,
+                                 capture_output=True, text=True).stdout
+            return len(out.split())
+        poll(lambda: running() == len(jobs), 900, "every Slurm job running")
+        placed = time.monotonic() - t0
+        cpu = cpu_seconds(ctld.pid) - cpu0
+        subprocess.run(["scancel", "-u", "root"], env=env)
+        return len(jobs) / submitted, placed, 1000 * cpu / len(jobs)
+    finally:
+        for daemon in reversed(daemons):
+            daemon.kill()
+        for daemon in daemons:
+            daemon.wait()
+        subprocess.run(["pkill", "-f", "slurmstepd"], capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("gpufleet")
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--parallel", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=14)
+    parser.add_argument("--only", choices=("slurm", "gpufleet"))
+    args = parser.parse_args()
+    jobs = jobs_for(args.jobs, args.seed)
+    results = {}
+    if args.only != "slurm":
+        results["gpufleet"] = measure_gpufleet(os.path.abspath(args.gpufleet), args, jobs)
+        print("gpufleet: {:.1f} submissions/s, all running {:.2f} s after the first, "
+              "{:.2f} ms controller CPU per job".format(*results["gpufleet"]), flush=True)
+    if args.only != "gpufleet":
+        results["slurm"] = measure_slurm(args, jobs)
+        print("slurm: {:.1f} submissions/s, all running {:.2f} s after the first, "
+              "{:.2f} ms controller CPU per job".format(*results["slurm"]), flush=True)
+    if len(results) == 2:
+        g, s = results["gpufleet"], results["slurm"]
+        print(f"gpufleet vs slurm: submissions {g[0] / s[0]:.1f}x, time to place all "
+              f"{s[1] / g[1]:.1f}x, controller CPU per job {s[2] / g[2]:.1f}x")
+
+
+if __name__ == "__main__":
+    main()
