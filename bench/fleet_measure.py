@@ -34,6 +34,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
                                 "e2e"))
 from e2e_testlib import Cluster, Process, api, wait_until  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from api_measure import rss_mib  # noqa: E402
+
 TICKS = os.sysconf("SC_CLK_TCK")
 MIX = [(0.60, {"gpus": 1}), (0.20, {"gpus": 2}), (0.10, {"gpus": 4}), (0.08, {"gpus": 8}),
        (0.02, {"gpus": 8, "nodes": 2})]
@@ -43,14 +46,6 @@ def cpu_seconds(pid):
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICKS
-
-
-def rss_mib(pid):
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def mix_job(rng, name="mix"):

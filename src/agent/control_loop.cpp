@@ -32,19 +32,8 @@
 namespace gpufleet::agent {
 namespace {
 
-constexpr std::string_view kSyncPath = "/api/v1/agents/sync";
-
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
-
-// An HTTP call may take this much longer than the wait it asked the server for.
-constexpr TimeMs kCallMarginMs = 3000;
-constexpr TimeMs kFirstBackoffMs = 100;
-constexpr TimeMs kMaxBackoffMs = 5000;
-// A long poll answered this fast with nothing new (a server that does not hold, or one that
-// released the poll for the watcher's short sync) is not re-sent at once, so the loop never spins.
-constexpr TimeMs kQuickAnswerMs = 20;
-constexpr TimeMs kQuickAnswerPauseMs = 50;
 
 TimeMs WallClockMs() {
   return std::chrono::duration_cast<milliseconds>(
@@ -524,7 +513,7 @@ bool ControlLoop::State::WorkloadsChanged() {
 // Reports at once, while the long poll is outstanding. Its answer is not applied: a change of
 // desired state answers the long poll too.
 void ControlLoop::State::ShortSync() {
-  auto call = Send(BuildRequest(0), kCallMarginMs);
+  auto call = Send(BuildRequest(0), kSyncCallMarginMs);
   if (!Await(call, [] {})) return;
   std::string error;
   if (!Answer(*call, error)) NoteError(error);
@@ -536,7 +525,7 @@ void ControlLoop::State::Run() {
     TimeMs wait_ms = std::max<TimeMs>(options.wait_ms, 0);
     if (heartbeat_ms > 0) wait_ms = std::min(wait_ms, heartbeat_ms);
     const uint64_t version_before = known_version;
-    auto call = Send(BuildRequest(static_cast<int32_t>(wait_ms)), wait_ms + kCallMarginMs);
+    auto call = Send(BuildRequest(static_cast<int32_t>(wait_ms)), wait_ms + kSyncCallMarginMs);
     const bool answered = Await(call, [&] {
       bool report = readiness.TakeChanged();
       report = WorkloadsChanged() || report;
@@ -549,7 +538,8 @@ void ControlLoop::State::Run() {
     std::optional<api::SyncResponse> response = Answer(*call, error);
     if (!response) {
       NoteError(error);
-      backoff_ms = backoff_ms == 0 ? kFirstBackoffMs : std::min(backoff_ms * 2, kMaxBackoffMs);
+      backoff_ms =
+          backoff_ms == 0 ? kSyncFirstBackoffMs : std::min(backoff_ms * 2, kSyncMaxBackoffMs);
       if (!SleepFor(backoff_ms)) return;
       continue;
     }

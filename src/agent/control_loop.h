@@ -17,11 +17,25 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "agent/agent.h"
 #include "core/types.h"
 
 namespace gpufleet::agent {
+
+// How a node paces its syncs; the fleet simulator (fleet.h) syncs as the agent does with these.
+// An HTTP call may take kSyncCallMarginMs longer than the wait it asked the server for. A failed
+// sync is retried after a backoff from kSyncFirstBackoffMs doubling to kSyncMaxBackoffMs. A long
+// poll answered within kQuickAnswerMs with nothing new (a server that does not hold, or one that
+// released the poll for the watcher's short sync) is re-sent only after kQuickAnswerPauseMs, so
+// the loop never spins.
+inline constexpr std::string_view kSyncPath = "/api/v1/agents/sync";
+inline constexpr TimeMs kSyncCallMarginMs = 3000;
+inline constexpr TimeMs kSyncFirstBackoffMs = 100;
+inline constexpr TimeMs kSyncMaxBackoffMs = 5000;
+inline constexpr TimeMs kQuickAnswerMs = 20;
+inline constexpr TimeMs kQuickAnswerPauseMs = 50;
 
 struct ControlLoopOptions {
   // "http://10.0.0.1:8080": the server's base URL, or several, comma-separated, of which one

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/agent.h"
+#include "agent/control_loop.h"
 #include "api/json.h"
 #include "api/types.h"
 #include "core/version.h"
@@ -27,14 +28,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-constexpr std::string_view kSyncPath = "/api/v1/agents/sync";
-// As the agent's control loop (control_loop.cpp): the call's margin over its wait, the backoff
-// after a failed sync, and the pause after a long poll answered at once with nothing new.
-constexpr TimeMs kCallMarginMs = 3000;
-constexpr TimeMs kFirstBackoffMs = 100;
-constexpr TimeMs kMaxBackoffMs = 5000;
-constexpr TimeMs kQuickAnswerMs = 20;
-constexpr TimeMs kQuickAnswerPauseMs = 50;
 constexpr TimeMs kMaxSleepMs = 30LL * 24 * 3600 * 1000;
 
 TimeMs WallMs() {
@@ -83,7 +76,7 @@ struct Fleet::State : std::enable_shared_from_this<Fleet::State> {
     bool synced = false;
     bool report_in_flight = false;
     bool report_again = false;
-    TimeMs backoff_ms = kFirstBackoffMs;
+    TimeMs backoff_ms = kSyncFirstBackoffMs;
     size_t server = 0;  // which of the servers it syncs with now
   };
 
@@ -171,7 +164,7 @@ struct Fleet::State : std::enable_shared_from_this<Fleet::State> {
             std::function<void(std::optional<api::SyncResponse>)> done) {
     net::HttpCallOptions http;
     http.body = body;
-    http.timeout = milliseconds(wait_ms + kCallMarginMs);
+    http.timeout = milliseconds(wait_ms + kSyncCallMarginMs);
     http.headers.emplace_back("Authorization", "Bearer " + options.token);
     http.local_address = node.report.address;
     const std::string url = servers[node.server] + std::string(kSyncPath);
@@ -202,7 +195,7 @@ struct Fleet::State : std::enable_shared_from_this<Fleet::State> {
       std::lock_guard lock(node.mu);
       if (answer) {
         ++syncs;
-        node.backoff_ms = kFirstBackoffMs;
+        node.backoff_ms = kSyncFirstBackoffMs;
         if (!node.synced) ++nodes_synced;
         node.synced = true;
       } else {
@@ -233,7 +226,7 @@ struct Fleet::State : std::enable_shared_from_this<Fleet::State> {
         {
           std::lock_guard lock(node.mu);
           backoff = node.backoff_ms;
-          node.backoff_ms = std::min(node.backoff_ms * 2, kMaxBackoffMs);
+          node.backoff_ms = std::min(node.backoff_ms * 2, kSyncMaxBackoffMs);
         }
         return After(backoff, [this, &node] { LongPoll(node); });
       }
