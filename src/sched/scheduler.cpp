@@ -499,14 +499,8 @@ std::optional<WaitReason> FeasibilityChecker::Check(const JobSpec& spec) {
     shapes_.clear();
     return Check(spec);
   }
-  JobSpec& key = shapes_.emplace_back();
-  key.tasks = spec.tasks;
-  key.tasks_per_node = spec.tasks_per_node;
-  key.gpu_milli_per_task = spec.gpu_milli_per_task;
-  key.cpu_milli_per_task = spec.cpu_milli_per_task;
-  key.memory_mib_per_task = spec.memory_mib_per_task;
-  key.min_gpu_memory_mib = spec.min_gpu_memory_mib;
-  key.gpu_models = spec.gpu_models;
+  // The whole spec: Shape compares whichever of its fields placement depends on.
+  const JobSpec& key = shapes_.emplace_back(spec);
   std::optional<WaitReason> answer = allocator_.WhyNeverFits(spec);
   bucket.emplace_back(&key, answer);
   return answer;
