@@ -5,10 +5,11 @@ Both get the same cluster, N nodes x 8 GPUs on loopback, and the same seeded lis
 of issue 14: 60 % 1 GPU, 20 % 2, 10 % 4, 8 % 8, 2 % 16 as 2 nodes x 8, each `sleep` 60-180 s.
 - Slurm: Debian's slurm-wlm (slurmctld, and one slurmd per virtual node, `slurmd -N nK`, each on
   its own port; count-only GRES gpu:8; select/cons_tres, sched/backfill), jobs sent with `sbatch`.
-- gpufleet: `gpufleet server` (SQLite) and `gpufleet agent --fleet N`, jobs sent with
-  `gpufleet submit`: one process per job for both, --parallel at a time.
-For each: submissions/s, the time from the first submission until every job runs, and the
-controller's CPU (slurmctld, gpufleet server) over that span per job.
+- gpufleet: `gpufleet server` (SQLite) and `gpufleet agent --fleet N`, jobs sent two ways, each
+  on a fresh cluster: `gpufleet submit`, one process per job as sbatch is (--via cli), and
+  POST /api/v1/jobs over keep-alive connections (--via api); --parallel at a time.
+For each: submissions/s, the time from the first submission until no job is pending (each has
+started), and the controller's CPU (slurmctld, gpufleet server) over that span per job.
 
 Usage: bench/slurm_compare.py PATH/TO/gpufleet [--nodes 1000] [--jobs 1000] [--parallel 8]
 Needs root (slurmd, munged) and slurm-wlm + munge (apt-get install slurm-wlm).
@@ -28,7 +29,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
                                 "e2e"))
 from e2e_testlib import Cluster, Process, api, wait_until  # noqa: E402
-from fleet_measure import cpu_seconds, mix_job, queue_counts, ready_nodes  # noqa: E402
+from fleet_measure import (Submitter, cpu_seconds, mix_job, queue_counts, ready_nodes,  # noqa: E402
+                           submit_many)
 
 SLURM_CONF = """ClusterName=bench
 SlurmctldHost=localhost(127.0.0.1)
@@ -89,7 +91,9 @@ def run_parallel(commands, parallel, env):
         return list(pool.map(one, commands))
 
 
-def measure_gpufleet(gpufleet, args, jobs):
+def measure_gpufleet(gpufleet, args, jobs, via):
+    """via "cli": one `gpufleet submit` process per job, as sbatch is for Slurm; "api": the same
+    jobs POSTed by --parallel keep-alive clients, as a pipeline or SDK would."""
     with Cluster(gpufleet, "slurm-compare",
                  server_args=["--max-connections", str(2 * args.nodes + 1000)]) as cluster:
         server = cluster.start_server()
@@ -103,13 +107,18 @@ def measure_gpufleet(gpufleet, args, jobs):
         env = dict(os.environ, GPUFLEET_SERVER=cluster.url, GPUFLEET_TOKEN=cluster.admin_token)
         commands = []
         for job in jobs:
-            argv = [gpufleet, "submit", "--gpus", str(job["gpus"]), "--name", "mix"]
+            argv = [gpufleet, "submit", "--gpus", str(job["gpus"]), "--name", "mix",
+                    "--gpu-model", job["gpu_model"]]
             if "nodes" in job:
                 argv += ["--nodes", str(job["nodes"])]
             commands.append(argv + ["--", *job["command"]])
+        submitter = Submitter(cluster.url, cluster.admin_token)
         pid = server.process.pid
         cpu0, t0, wall0 = cpu_seconds(pid), time.monotonic(), time.time()
-        run_parallel(commands, args.parallel, env)
+        if via == "cli":
+            run_parallel(commands, args.parallel, env)
+        else:
+            submit_many(submitter, jobs, args.parallel)
         submitted = time.monotonic() - t0
         poll(lambda: queue_counts(cluster)[0] == 0, 600, "every job placed")
         # Every job's `running` event, stamped by the server when its node said so.
@@ -140,7 +149,10 @@ def measure_slurm(args, jobs):
         out.write(SLURM_CONF.format(root=root, nodes=args.nodes, ctld_port=16817,
                                     first_port=20001, last_port=20000 + args.nodes))
     with open(os.path.join(root, "gres.conf"), "w") as out:
-        out.write(f"NodeName=n[1-{args.nodes}] Name=gpu Count=8\n")
+        # No NodeName: slurmd -N matches gres.conf lines by host name, not by its -N name. Slurm's
+        # gpu plugin drops GPUs without device files ("file-less GPU"), so eight existing
+        # character devices stand in; task/none puts no job in a device cgroup.
+        out.write("Name=gpu Count=8 File=/dev/tty[0-7]\n")
     env = dict(os.environ, SLURM_CONF=conf)
     daemons = []
     try:
@@ -164,6 +176,7 @@ def measure_slurm(args, jobs):
                                  capture_output=True, text=True).stdout
             return len(out.split())
         wait_until(lambda: idle_nodes() == args.nodes, 600, f"{args.nodes} slurmd nodes idle")
+        print(f"slurm: {args.nodes} slurmd idle", file=sys.stderr, flush=True)
         time.sleep(5)
         commands = []
         for job in jobs:
@@ -174,11 +187,16 @@ def measure_slurm(args, jobs):
         run_parallel(commands, args.parallel, env)
         submitted = time.monotonic() - t0
 
-        def running():
-            out = subprocess.run(["squeue", "-h", "-t", "R", "-o", "%i"], env=env,
+        print(f"slurm: {len(jobs)} jobs submitted in {submitted:.1f} s", file=sys.stderr,
+              flush=True)
+
+        # Placed once none is pending: the first jobs (60 s and more) may end before the last
+        # starts, so "all running at once" need never happen.
+        def pending():
+            out = subprocess.run(["squeue", "-h", "-t", "PD", "-o", "%i"], env=env,
                                  capture_output=True, text=True).stdout
             return len(out.split())
-        poll(lambda: running() == len(jobs), 900, "every Slurm job running")
+        poll(lambda: pending() == 0, 900, "no Slurm job pending")
         placed = time.monotonic() - t0
         cpu = cpu_seconds(ctld.pid) - cpu0
         subprocess.run(["scancel", "-u", "root"], env=env)
@@ -200,21 +218,27 @@ def main():
     parser.add_argument("--parallel", type=int, default=8)
     parser.add_argument("--seed", type=int, default=14)
     parser.add_argument("--only", choices=("slurm", "gpufleet"))
+    parser.add_argument("--via", default="cli,api",
+                        help="how gpufleet's jobs are sent: cli, api, or both (cli,api)")
     args = parser.parse_args()
     jobs = jobs_for(args.jobs, args.seed)
     results = {}
+    line = ("{}: {:.1f} submissions/s, all placed {:.2f} s after the first submission, "
+            "{:.2f} ms controller CPU per job")
     if args.only != "slurm":
-        results["gpufleet"] = measure_gpufleet(os.path.abspath(args.gpufleet), args, jobs)
-        print("gpufleet: {:.1f} submissions/s, all running {:.2f} s after the first, "
-              "{:.2f} ms controller CPU per job".format(*results["gpufleet"]), flush=True)
+        for via in args.via.split(","):
+            name = f"gpufleet ({via})"
+            results[name] = measure_gpufleet(os.path.abspath(args.gpufleet), args, jobs, via)
+            print(line.format(name, *results[name]), flush=True)
     if args.only != "gpufleet":
         results["slurm"] = measure_slurm(args, jobs)
-        print("slurm: {:.1f} submissions/s, all running {:.2f} s after the first, "
-              "{:.2f} ms controller CPU per job".format(*results["slurm"]), flush=True)
-    if len(results) == 2:
-        g, s = results["gpufleet"], results["slurm"]
-        print(f"gpufleet vs slurm: submissions {g[0] / s[0]:.1f}x, time to place all "
-              f"{s[1] / g[1]:.1f}x, controller CPU per job {s[2] / g[2]:.1f}x")
+        print(line.format("slurm (sbatch)", *results["slurm"]), flush=True)
+    if "slurm" in results:
+        s = results["slurm"]
+        for name, g in results.items():
+            if name != "slurm":
+                print(f"{name} vs slurm: submissions/s {g[0] / s[0]:.1f}x, time to place all "
+                      f"{s[1] / g[1]:.1f}x, controller CPU per job {s[2] / g[2]:.1f}x")
 
 
 if __name__ == "__main__":
