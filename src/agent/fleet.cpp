@@ -202,9 +202,11 @@ struct Fleet::State : std::enable_shared_from_this<Fleet::State> {
         ++sync_errors;
         if (node.synced) --nodes_synced;
         node.synced = false;
-        // A server that cannot be reached, or a standby (503), may not be the leader: try the
-        // next one.
-        if (!result.ok() || result.response->status == 503)
+        // A server that cannot be reached, or a standby (its redirect, or a 503), may not be
+        // the leader: try the next one. The fleet is given every server, so it does not follow
+        // redirects.
+        if (!result.ok() || result.response->status == 503 ||
+            result.response->Header(net::kServerRoleHeader) == "standby")
           node.server = (node.server + 1) % servers.size();
       }
     }

@@ -3,17 +3,21 @@
 #include <csignal>
 #include <ctime>
 #include <filesystem>
+#include <mutex>
 #include <optional>
 
 #include <fmt/format.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include "agent/agent_api.h"
 #include "api/json.h"
 #include "cli/stop_signals.h"
 #include "core/quantity.h"
 #include "core/version.h"
+#include "net/http_client.h"
 #include "net/http_server.h"
+#include "net/server_urls.h"
 #include "sched/policy.h"
 #include "server/server.h"
 #include "sim/queues.h"
@@ -283,6 +287,9 @@ CLI::App* AddServerCommand(CLI::App& app, ServerArgs& args) {
                    "sqlite (DATA_DIR/state.db), or etcd://HOST:PORT,...[/PREFIX] for servers "
                    "that share one state: one leads, the others wait as standbys")
       ->capture_default_str();
+  command->add_option("--advertise-url", args.advertise_url,
+                      "With etcd: the URL clients reach this server at, which standbys "
+                      "redirect them to while it leads (default: from --listen)");
   command
       ->add_option("--etcd-lease", args.etcd_lease,
                    "With etcd: how long the lock of a server that died outlives it, so how "
@@ -328,19 +335,99 @@ CLI::App* AddServerCommand(CLI::App& app, ServerArgs& args) {
 
 namespace {
 
+// Where clients reach this server: --advertise-url, or the --listen address (this host's name
+// when it listens on every address). Empty when the port is left to the kernel (0).
+std::string AdvertisedUrl(const ServerArgs& args, const server::ServerOptions& options) {
+  if (!args.advertise_url.empty()) return args.advertise_url;
+  if (options.port == 0) return "";
+  std::string host = options.host;
+  if (host == "0.0.0.0" || host == "::" || host.empty()) {
+    char name[256] = {};
+    ::gethostname(name, sizeof name - 1);
+    host = name;
+  } else if (host.find(':') != std::string::npos) {
+    host = "[" + host + "]";
+  }
+  return fmt::format("{}://{}:{}", options.tls_cert_file.empty() ? "http" : "https", host,
+                     options.port);
+}
+
+// What a standby answers while it waits, on the address it will serve from once it leads:
+// every request is redirected (307, method and body kept) to the leader the lock names, or,
+// before one is known, refused with 503; /healthz and /readyz say "standby". Every answer has
+// the Gpufleet-Role: standby header, by which clients move on (net::ServerUrls).
+class StandbyResponder {
+ public:
+  void SetLeader(const store::EtcdLockHeld& held) {
+    std::lock_guard lock(mutex_);
+    holder_ = held.holder();
+    url_ = held.url();
+  }
+
+  net::HttpResponse Answer(const net::HttpRequest& request) const {
+    std::string holder, url;
+    {
+      std::lock_guard lock(mutex_);
+      holder = holder_;
+      url = url_;
+    }
+    net::HttpResponse response;
+    if (request.path == "/healthz" || request.path == "/readyz") {
+      response = net::HttpResponse::Json(
+          503, nlohmann::json{{"role", "standby"}, {"leader", holder}, {"leader_url", url}}.dump());
+    } else if (!url.empty()) {
+      response = net::HttpResponse::Error(
+          307,
+          fmt::format("this gpufleet server is a standby; the leader ({}) is at {}", holder, url));
+      response.headers.emplace_back("Location", url + request.target);
+    } else {
+      response = net::HttpResponse::Error(
+          503, fmt::format("this gpufleet server is a standby; the leader ({}) gave no URL to "
+                           "redirect to (gpufleet server --advertise-url)",
+                           holder.empty() ? "unknown" : holder));
+      response.headers.emplace_back("Retry-After", "1");
+    }
+    response.headers.emplace_back(std::string(net::kServerRoleHeader), "standby");
+    return response;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::string holder_, url_;
+};
+
 // With an etcd store: the store, once this server holds its lock. A standby waits here, saying
-// so once, until the leader's lock is gone (it stopped, or its lease ran out) or a stop signal
-// comes (then nothing, and `stopped`). Throws StoreError for anything but a held lock.
+// so once and answering clients with redirects to the leader (`standby_http`), until the
+// leader's lock is gone (it stopped, or its lease ran out) or a stop signal comes (then
+// nothing, and `stopped`). Throws StoreError for anything but a held lock.
 std::unique_ptr<store::Store> WaitForEtcdLock(const store::EtcdOptions& etcd,
+                                              const net::HttpServerOptions& standby_http,
                                               const sigset_t& stop_signals, bool& stopped) {
   bool said = false;
+  auto responder = std::make_shared<StandbyResponder>();
+  std::unique_ptr<net::HttpServer> standby;
   while (true) {
     try {
-      return store::OpenEtcdStore(etcd);
+      auto opened = store::OpenEtcdStore(etcd);
+      if (standby) standby->Stop();  // frees the address for the leader's own listener
+      return opened;
     } catch (const store::EtcdLockHeld& held) {
+      responder->SetLeader(held);
       if (!said) {
         fmt::print("gpufleet server {}: standby: {}; taking over when it is free\n", kVersion,
                    held.what());
+        auto started = net::HttpServer::Start(
+            standby_http,
+            [responder](const net::HttpRequest& request) { return responder->Answer(request); });
+        if (started.server) {
+          standby = std::move(started.server);
+          fmt::print("  standby on {}: clients are redirected to the leader\n", standby->address());
+        } else {
+          fmt::print(
+              "  standby: not answering clients ({}); they find the leader in their "
+              "server list\n",
+              started.error);
+        }
         std::fflush(stdout);
         said = true;
       }
@@ -367,6 +454,11 @@ int RunServer(const ServerArgs& args) {
     if (!etcd) fmt::print(stderr, "error: --store {}\n", error);
     if (!etcd || !lease_ms) return kExitUsage;
     etcd->lease_ttl_s = static_cast<int>(std::max<TimeMs>(2, (*lease_ms + 999) / 1000));
+    etcd->url = AdvertisedUrl(args, *options);
+    if (!etcd->url.empty() && !net::ParseHttpUrl(etcd->url, error)) {
+      fmt::print(stderr, "error: --advertise-url {}: {}\n", etcd->url, error);
+      return kExitUsage;
+    }
     // The store is elsewhere, but the first admin token is written here.
     std::error_code dir_error;
     std::filesystem::create_directories(args.data_dir, dir_error);
@@ -383,7 +475,14 @@ int RunServer(const ServerArgs& args) {
     bool stopped = false;
     auto held = std::make_shared<std::unique_ptr<store::Store>>();
     try {
-      *held = WaitForEtcdLock(*etcd, stop_signals, stopped);
+      net::HttpServerOptions standby_http;
+      standby_http.host = options->host;
+      standby_http.port = options->port;
+      standby_http.tls_cert_file = options->tls_cert_file;
+      standby_http.tls_key_file = options->tls_key_file;
+      standby_http.max_body_bytes = 64 << 10;  // nothing is read; redirects carry no body
+      standby_http.stop_timeout = std::chrono::milliseconds(200);
+      *held = WaitForEtcdLock(*etcd, standby_http, stop_signals, stopped);
     } catch (const store::StoreError& error) {
       fmt::print(stderr, "error: {}\n", error.what());
       return kExitFailure;

@@ -40,6 +40,9 @@ struct ServerArgs {
   std::string store = "sqlite";
   std::string etcd_lease = "3s";  // how long a dead server's etcd lock outlives it
   std::string listen = "127.0.0.1:8080";
+  // With etcd: where clients reach this server, written into the lock so that standbys redirect
+  // to it; empty: from --listen (this host's name for a wildcard address).
+  std::string advertise_url;
   std::string node_timeout = "30s";
   std::string heartbeat = "5s";
   std::string schedule_interval = "1s";

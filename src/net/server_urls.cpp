@@ -1,5 +1,6 @@
 #include "net/server_urls.h"
 
+#include <algorithm>
 #include <mutex>
 
 #include <fmt/format.h>
@@ -34,34 +35,69 @@ std::optional<ServerUrls> ServerUrls::Parse(std::string_view list, std::string& 
   return ServerUrls(std::move(state));
 }
 
+namespace {
+
+bool IsStandby(const HttpResult& result) {
+  return result.ok() && result.response->Header(kServerRoleHeader) == "standby";
+}
+
+// The redirect's target when it may be followed: a 307/308 to an http(s) URL that does not move
+// from https to http (the call carries a token).
+std::optional<std::string> RedirectTarget(const HttpResult& result, const std::string& from) {
+  if (!result.ok() || (result.response->status != 307 && result.response->status != 308))
+    return std::nullopt;
+  std::string location = result.response->Header("Location"), error;
+  auto target = ParseHttpUrl(location, error);
+  if (!target || (from.starts_with("https://") && !target->tls)) return std::nullopt;
+  return location;
+}
+
+}  // namespace
+
 HttpResult ServerUrls::Call(std::string_view method, std::string_view path,
                             const HttpCallOptions& options) const {
   size_t first;
+  std::vector<std::string> bases;
   {
     std::lock_guard lock(state_->mutex);
     first = state_->current;
+    bases = state_->bases;
   }
   std::vector<std::string> failures;
-  const size_t count = state_->bases.size();
+  const size_t count = bases.size();
   for (size_t n = 0; n < count; ++n) {
     const size_t i = (first + n) % count;
-    HttpResult result = HttpCall(method, state_->bases[i] + std::string(path), options);
-    if (result.ok()) {
-      if (i != first) {
+    const std::string url = bases[i] + std::string(path);
+    HttpResult result = HttpCall(method, url, options);
+    size_t answered = i;
+    if (auto location = RedirectTarget(result, url)) {
+      result = HttpCall(method, *location, options);
+      // The leader's base URL, when the redirect kept the path (a standby's do).
+      if (result.ok() && !IsStandby(result) && location->ends_with(path)) {
+        const std::string leader = location->substr(0, location->size() - path.size());
         std::lock_guard lock(state_->mutex);
-        state_->current = i;
+        auto known = std::find(state_->bases.begin(), state_->bases.end(), leader);
+        answered = static_cast<size_t>(known - state_->bases.begin());
+        if (known == state_->bases.end()) state_->bases.push_back(leader);
+      }
+    }
+    if (result.ok() && !IsStandby(result)) {
+      if (answered != first) {
+        std::lock_guard lock(state_->mutex);
+        state_->current = answered;
       }
       return result;
     }
-    failures.push_back(count == 1 ? result.error
-                                  : fmt::format("{}: {}", state_->bases[i], result.error));
+    const std::string why = result.ok() ? "a standby, and it knows no leader yet" : result.error;
+    failures.push_back(count == 1 ? why : fmt::format("{}: {}", bases[i], why));
   }
   HttpResult failed;
   failed.error = fmt::format("{}", fmt::join(failures, "; "));
   return failed;
 }
 
-const std::vector<std::string>& ServerUrls::all() const {
+std::vector<std::string> ServerUrls::all() const {
+  std::lock_guard lock(state_->mutex);
   return state_->bases;
 }
 

@@ -156,11 +156,20 @@ class EtcdStore final : public Store {
             {"create_revision", lock_revision_}};
   }
 
-  EtcdLockHeld HeldBy(const std::string& other) const {
-    return EtcdLockHeld(fmt::format(
-        "etcd keys '{}' are in use by another gpufleet server ({}); they are free once it "
-        "stops, or {} s after it dies",
-        options_.key_prefix, other, options_.lease_ttl_s));
+  // `value`: the lock's, {"holder": "host pid N", "url": "http://..."}.
+  EtcdLockHeld HeldBy(const std::string& value) const {
+    const json lock = json::parse(value, nullptr, false);
+    std::string holder = value, url;
+    if (lock.is_object()) {
+      holder = lock.value("holder", "unknown");
+      url = lock.value("url", "");
+    }
+    return EtcdLockHeld(
+        fmt::format("etcd keys '{}' are in use by another gpufleet server ({}{}); they are free "
+                    "once it stops, or {} s after it dies",
+                    options_.key_prefix, holder, url.empty() ? "" : ", serving " + url,
+                    options_.lease_ttl_s),
+        holder, url);
   }
 
   void TakeLock() {
@@ -179,20 +188,20 @@ class EtcdStore final : public Store {
       ::gethostname(host, sizeof host - 1);
       holder = fmt::format("{} pid {}", host, ::getpid());
     }
+    const std::string value = json{{"holder", holder}, {"url", options_.url}}.dump();
     // Taken meanwhile by another: the transaction's compare still decides.
     const json answer = Call(
         "/v3/kv/txn",
-        json{
-            {"compare", json::array({{{"key", key},
-                                      {"target", "CREATE"},
-                                      {"result", "EQUAL"},
-                                      {"create_revision", 0}}})},
-            {"success",
-             json::array({{{"request_put",
-                            {{"key", key}, {"value", Base64Encode(holder)}, {"lease", lease_}}}}})},
-            {"failure", json::array({{{"request_range", {{"key", key}}}}})}});
+        json{{"compare", json::array({{{"key", key},
+                                       {"target", "CREATE"},
+                                       {"result", "EQUAL"},
+                                       {"create_revision", 0}}})},
+             {"success",
+              json::array({{{"request_put",
+                             {{"key", key}, {"value", Base64Encode(value)}, {"lease", lease_}}}}})},
+             {"failure", json::array({{{"request_range", {{"key", key}}}}})}});
     if (!answer.value("succeeded", false)) {
-      std::string other = "unknown";
+      std::string other = R"({"holder": "unknown"})";
       try {
         other = Decode(answer.at("responses").at(0).at("response_range").at("kvs").at(0), "value");
       } catch (const json::exception&) {

@@ -33,12 +33,22 @@ struct EtcdOptions {
   int lease_ttl_s = 5;
   // Written into the lock for whoever finds it taken ("host pid 1234"); empty: this host and pid.
   std::string holder;
+  // Where the holder serves clients ("http://10.0.0.1:8080"), also in the lock: a standby
+  // redirects clients there. Empty: not said.
+  std::string url;
 };
 
 // Thrown by OpenEtcdStore when another store holds the prefix's lock.
 class EtcdLockHeld : public StoreError {
  public:
-  using StoreError::StoreError;
+  EtcdLockHeld(const std::string& message, std::string holder, std::string url)
+      : StoreError(message), holder_(std::move(holder)), url_(std::move(url)) {}
+  const std::string& holder() const { return holder_; }  // "host-a pid 4242"
+  const std::string& url() const { return url_; }        // the holder's EtcdOptions::url, or ""
+
+ private:
+  std::string holder_;
+  std::string url_;
 };
 
 // "etcd://host:2379,host2:2379/prefix/" -> endpoints and prefix (default "gpufleet/"), or nothing

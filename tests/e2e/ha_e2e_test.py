@@ -5,6 +5,7 @@ docs/ha.md has the measured takeover times.
 
 Usage: ha_e2e_test.py path/to/gpufleet [test-name ...]"""
 
+import json
 import os
 import re
 import shutil
@@ -115,6 +116,22 @@ def test_standby_takes_over_after_kill9_with_every_acknowledged_job(gpufleet):
         standby = cluster.start_server("b", port_b)
         standby.read_until(r"standby: etcd keys 'ha/' are in use by another gpufleet server")
         servers = f"http://127.0.0.1:{port_a},http://127.0.0.1:{port_b}"
+        # The standby answers on its address: it says what it is, and redirects to the leader,
+        # so the CLI given only the standby's URL submits and lists through it.
+        standby.read_until(r"standby on 127\.0\.0\.1:\d+: clients are redirected to the leader")
+        status, text = http("GET", f"http://127.0.0.1:{port_b}/healthz")
+        health = json.loads(text)
+        check(status == 503 and health["role"] == "standby"
+              and health["leader_url"] == f"http://127.0.0.1:{port_a}", f"standby: {health}")
+        via_standby = dict(os.environ, GPUFLEET_SERVER=f"127.0.0.1:{port_b}", GPUFLEET_TOKEN=token)
+        submitted = subprocess.run([gpufleet, "submit", "--name", "via-standby", "--", "true"],
+                                   capture_output=True, text=True, timeout=30, cwd=cluster.root,
+                                   env=via_standby)
+        check(submitted.returncode == 0, f"submit through the standby: {submitted}")
+        check("via-standby" in job_names(url, token), "the leader lacks the redirected job")
+        listed = subprocess.run([gpufleet, "jobs"], capture_output=True, text=True, timeout=30,
+                                cwd=cluster.root, env=via_standby)
+        check(listed.returncode == 0 and "via-standby" in listed.stdout, f"jobs: {listed}")
         status, body = api(url, token, "POST", "/api/v1/tokens",
                            {"user": "agent-n", "team": "system", "role": "agent"})
         check(status == 201, f"agent token: {status} {body}")

@@ -897,5 +897,59 @@ TEST(ServerUrls, CallsFollowTheServerThatAnswers) {
   EXPECT_NE(result.error.find(live), std::string::npos) << result.error;
 }
 
+// A standby redirects to the leader: the call follows with its method and body, and later calls
+// go to the leader directly. A standby that knows no leader is passed over like one that is down.
+TEST(ServerUrls, FollowsAStandbysRedirectAndPassesOverAStandbyWithoutALeader) {
+  std::atomic<int> leader_posts{0};
+  auto leader = StartServer([&](const HttpRequest& request) {
+    if (request.method == "POST") ++leader_posts;
+    return HttpResponse::Text(200, request.method + " " + request.target + " " + request.body);
+  });
+  const std::string leader_url = "http://" + leader->address();
+  std::atomic<int> standby_calls{0};
+  auto standby = StartServer([&](const HttpRequest& request) {
+    ++standby_calls;
+    HttpResponse response = HttpResponse::Error(307, "a standby");
+    response.headers.emplace_back("Location", leader_url + request.target);
+    response.headers.emplace_back(std::string(kServerRoleHeader), "standby");
+    return response;
+  });
+  auto lost = StartServer([](const HttpRequest&) {
+    HttpResponse response = HttpResponse::Error(503, "a standby that knows no leader");
+    response.headers.emplace_back(std::string(kServerRoleHeader), "standby");
+    return response;
+  });
+  std::string error;
+  const std::string standby_url = "http://" + standby->address();
+  auto servers = ServerUrls::Parse(standby_url, error);
+  ASSERT_TRUE(servers) << error;
+  HttpCallOptions options;
+  options.timeout = 2s;
+  options.body = R"({"x": 1})";
+  HttpResult result = servers->Call("POST", "/api/v1/jobs?a=b", options);
+  ASSERT_TRUE(result.ok()) << result.error;
+  EXPECT_EQ(result.response->status, 200);
+  EXPECT_EQ(result.response->body, R"(POST /api/v1/jobs?a=b {"x": 1})");
+  EXPECT_EQ(leader_posts, 1);
+  EXPECT_EQ(servers->current(), leader_url);
+  EXPECT_EQ(servers->all(), (std::vector<std::string>{standby_url, leader_url}));
+  servers->Call("GET", "/again", options);
+  EXPECT_EQ(standby_calls, 1);  // straight to the leader now
+
+  // The standby without a leader comes first: the call moves on to the next server.
+  auto listed = ServerUrls::Parse("http://" + lost->address() + "," + leader_url, error);
+  ASSERT_TRUE(listed) << error;
+  result = listed->Call("GET", "/x", options);
+  ASSERT_TRUE(result.ok()) << result.error;
+  EXPECT_EQ(result.response->status, 200);
+  EXPECT_EQ(listed->current(), leader_url);
+  // Only standbys: the error says so.
+  auto only_lost = ServerUrls::Parse("http://" + lost->address(), error);
+  ASSERT_TRUE(only_lost) << error;
+  result = only_lost->Call("GET", "/x", options);
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(result.error.find("a standby"), std::string::npos) << result.error;
+}
+
 }  // namespace
 }  // namespace gpufleet::net

@@ -108,16 +108,22 @@ TEST(EtcdStore, OneWriterPerPrefixAndALockTakenOverFencesTheOldOne) {
   options.endpoints = Etcd().ClientUrls();
   options.key_prefix = "lock-test/";
   options.holder = "first";
+  options.url = "http://10.0.0.1:8080";
   auto first = OpenEtcdStore(options);
   Put(*first, "a", "1");
   options.holder = "second";
+  options.url = "http://10.0.0.2:8080";
   try {
     OpenEtcdStore(options);
     FAIL() << "two stores on one prefix";
   } catch (const EtcdLockHeld& error) {
-    EXPECT_NE(std::string(error.what()).find("in use by another gpufleet server (first)"),
+    EXPECT_NE(std::string(error.what())
+                  .find("in use by another gpufleet server (first, serving http://10.0.0.1:8080)"),
               std::string::npos)
         << error.what();
+    // What a standby redirects clients to.
+    EXPECT_EQ(error.holder(), "first");
+    EXPECT_EQ(error.url(), "http://10.0.0.1:8080");
   }
   first.reset();
   auto second = OpenEtcdStore(options);
