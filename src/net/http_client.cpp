@@ -1,8 +1,10 @@
 #include "net/http_client.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <charconv>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -139,6 +141,36 @@ HttpResult HttpCall(std::string_view method, std::string_view url, std::string_v
 
 namespace {
 
+// The request HttpCall and KeepAliveHttpClient send.
+http::request<http::string_body> BuildRequest(http::verb verb, const HttpUrl& url,
+                                              HttpCallOptions& options, bool keep_alive) {
+  http::request<http::string_body> request{verb, url.target, 11};
+  request.set(http::field::host, fmt::format("{}:{}", url.host, url.port));
+  request.set(http::field::user_agent, "gpufleet");
+  if (!options.body.empty() || verb == http::verb::post || verb == http::verb::put) {
+    request.set(http::field::content_type, options.content_type);
+    request.body() = std::move(options.body);
+  }
+  for (const auto& [name, value] : options.headers)
+    request.set(name, value);
+  request.keep_alive(keep_alive);
+  request.prepare_payload();
+  return request;
+}
+
+HttpResult ResultOf(http::response_parser<http::string_body>& parser) {
+  const auto& response = parser.get();
+  HttpClientResponse answer;
+  answer.status = static_cast<int>(response.result_int());
+  answer.content_type = std::string(response[http::field::content_type]);
+  for (const auto& field : response)
+    answer.headers.emplace_back(std::string(field.name_string()), std::string(field.value()));
+  answer.body = parser.release().body();
+  HttpResult result;
+  result.response = std::move(answer);
+  return result;
+}
+
 // One call in flight: everything its handlers touch, owned by them through a shared_ptr so that
 // the async client can have thousands at once. `finish` runs exactly once.
 struct Exchange : std::enable_shared_from_this<Exchange> {
@@ -201,17 +233,7 @@ struct Exchange : std::enable_shared_from_this<Exchange> {
       secure.emplace(plain.get_executor(), *tls_context);
       ExpectPeer(secure->native_handle(), url->host);
     }
-    request = http::request<http::string_body>{verb, url->target, 11};
-    request.set(http::field::host, fmt::format("{}:{}", url->host, url->port));
-    request.set(http::field::user_agent, "gpufleet");
-    if (!options.body.empty() || verb == http::verb::post || verb == http::verb::put) {
-      request.set(http::field::content_type, options.content_type);
-      request.body() = std::move(options.body);
-    }
-    for (const auto& [name, value] : options.headers)
-      request.set(name, value);
-    request.keep_alive(false);
-    request.prepare_payload();
+    request = BuildRequest(verb, *url, options, /*keep_alive=*/false);
     parser.body_limit(kMaxResponseBodyBytes);
 
     auto self = shared_from_this();
@@ -286,17 +308,7 @@ struct Exchange : std::enable_shared_from_this<Exchange> {
                        [self](beast::error_code read_error, size_t) {
                          if (self->done) return;
                          if (read_error) return self->Failed("receive", read_error);
-                         const auto& response = self->parser.get();
-                         HttpClientResponse answer;
-                         answer.status = static_cast<int>(response.result_int());
-                         answer.content_type = std::string(response[http::field::content_type]);
-                         for (const auto& field : response)
-                           answer.headers.emplace_back(std::string(field.name_string()),
-                                                       std::string(field.value()));
-                         answer.body = self->parser.release().body();
-                         HttpResult result;
-                         result.response = std::move(answer);
-                         self->Finish(std::move(result));
+                         self->Finish(ResultOf(self->parser));
                        });
     });
   }
@@ -356,6 +368,115 @@ void AsyncHttpClient::Stop() {
   impl_->ioc.stop();
   for (std::thread& thread : impl_->threads)
     thread.join();
+}
+
+// A kept-alive connection with the io_context its calls run on, one call at a time.
+struct KeptConnection {
+  asio::io_context ioc;
+  beast::tcp_stream stream{ioc};
+  beast::flat_buffer buffer;
+};
+
+struct KeepAliveHttpClient::Impl {
+  std::mutex mutex;
+  std::map<std::string, std::vector<std::unique_ptr<KeptConnection>>> idle;  // by "host:port"
+  std::atomic<uint64_t> opened{0};
+
+  std::unique_ptr<KeptConnection> Take(const std::string& key) {
+    std::lock_guard lock(mutex);
+    auto& pool = idle[key];
+    if (pool.empty()) return nullptr;
+    auto connection = std::move(pool.back());
+    pool.pop_back();
+    return connection;
+  }
+  void Give(const std::string& key, std::unique_ptr<KeptConnection> connection) {
+    std::lock_guard lock(mutex);
+    idle[key].push_back(std::move(connection));
+  }
+};
+
+KeepAliveHttpClient::KeepAliveHttpClient() : impl_(std::make_unique<Impl>()) {}
+KeepAliveHttpClient::~KeepAliveHttpClient() = default;
+
+uint64_t KeepAliveHttpClient::connections_opened() const {
+  return impl_->opened.load();
+}
+
+HttpResult KeepAliveHttpClient::Call(std::string_view method, std::string_view url,
+                                     const HttpCallOptions& options) {
+  std::string error;
+  auto parsed = ParseHttpUrl(url, error);
+  if (!parsed || parsed->tls || !options.local_address.empty())
+    return HttpCall(method, url, options);  // its error, or a connection of its own
+  const std::string what = fmt::format("{} {}", method, url);
+  const http::verb verb = http::string_to_verb(method);
+  HttpResult failed;
+  if (verb == http::verb::unknown) {
+    failed.error = fmt::format("{}: unknown HTTP method", what);
+    return failed;
+  }
+  const std::string key = fmt::format("{}:{}", parsed->host, parsed->port);
+  auto describe = [&](const char* step, const beast::error_code& code) {
+    return code == beast::error::timeout
+               ? fmt::format("{}: no answer within {} ms", what, options.timeout.count())
+               : fmt::format("{}: {}: {}", what, step, code.message());
+  };
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    // A retry opens a new connection: the others idle since as long may be closed too.
+    std::unique_ptr<KeptConnection> connection = attempt == 0 ? impl_->Take(key) : nullptr;
+    const bool reused = connection != nullptr;
+    if (!connection) {
+      connection = std::make_unique<KeptConnection>();
+      beast::error_code code;
+      // Store endpoints are addresses or names in /etc/hosts; a resolution is not bounded here.
+      const auto endpoints =
+          tcp::resolver(connection->ioc).resolve(parsed->host, std::to_string(parsed->port), code);
+      if (code) {
+        failed.error = describe("resolve", code);
+        return failed;
+      }
+      connection->stream.expires_after(options.timeout);
+      connection->stream.async_connect(
+          endpoints,
+          [&code](beast::error_code connect_error, const tcp::endpoint&) { code = connect_error; });
+      connection->ioc.run();
+      if (code) {
+        failed.error = describe("connect", code);
+        return failed;
+      }
+      connection->stream.socket().set_option(tcp::no_delay(true), code);
+      ++impl_->opened;
+    }
+    HttpCallOptions call = options;
+    auto request = BuildRequest(verb, *parsed, call, /*keep_alive=*/true);
+    http::response_parser<http::string_body> parser;
+    parser.body_limit(kMaxResponseBodyBytes);
+    beast::error_code code;
+    const char* step = "send";
+    connection->stream.expires_after(options.timeout);
+    http::async_write(connection->stream, request, [&](beast::error_code write_error, size_t) {
+      if ((code = write_error)) return;
+      step = "receive";
+      http::async_read(connection->stream, connection->buffer, parser,
+                       [&code](beast::error_code read_error, size_t) { code = read_error; });
+    });
+    connection->ioc.restart();
+    connection->ioc.run();
+    if (!code) {
+      const bool keep = parser.get().keep_alive();
+      HttpResult result = ResultOf(parser);
+      if (keep) impl_->Give(key, std::move(connection));
+      return result;
+    }
+    // Closed by the server while it sat idle: once more on a new connection. A timeout is not
+    // that, and is not sent twice.
+    if (!reused || code == beast::error::timeout) {
+      failed.error = describe(step, code);
+      return failed;
+    }
+  }
+  return failed;  // not reached: the second attempt is on a new connection
 }
 
 HttpResult HttpGet(std::string_view url, std::chrono::milliseconds timeout) {

@@ -84,6 +84,26 @@ class AsyncHttpClient {
   std::unique_ptr<Impl> impl_;
 };
 
+// Calls over kept-alive plain-HTTP connections, reused per host and port, for a client that calls
+// one service all the time (the etcd store: a connection per call cost it a TCP handshake and a
+// TIME_WAIT socket each). Safe from several threads; each call holds a connection of its own
+// while it runs. A call that fails on a reused connection (the server closed it while idle) is
+// sent once more on a new one, as HttpCall would have sent it. https URLs go through HttpCall.
+class KeepAliveHttpClient {
+ public:
+  KeepAliveHttpClient();
+  ~KeepAliveHttpClient();
+  KeepAliveHttpClient(const KeepAliveHttpClient&) = delete;
+  KeepAliveHttpClient& operator=(const KeepAliveHttpClient&) = delete;
+
+  HttpResult Call(std::string_view method, std::string_view url, const HttpCallOptions& options);
+  uint64_t connections_opened() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 HttpResult HttpGet(std::string_view url, std::chrono::milliseconds timeout = kDefaultHttpTimeout);
 HttpResult HttpPost(std::string_view url, std::string_view body,
                     std::chrono::milliseconds timeout = kDefaultHttpTimeout);

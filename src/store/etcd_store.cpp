@@ -265,7 +265,7 @@ class EtcdStore final : public Store {
     call.body = body.dump();
     call.timeout = kRequestTimeout;
     const net::HttpResult result =
-        net::HttpCall("POST", options_.endpoints[endpoint] + std::string(path), call);
+        http_.Call("POST", options_.endpoints[endpoint] + std::string(path), call);
     if (!result.ok()) {
       answer.error = result.error;
       answer.try_another = true;
@@ -331,7 +331,8 @@ class EtcdStore final : public Store {
   std::string lease_;          // its ID, as etcd's JSON writes 64-bit numbers: a string
   std::string lock_revision_;  // the revision that created the lock
   mutable std::mutex mutex_;
-  mutable size_t preferred_ = 0;  // the member that answered last
+  mutable size_t preferred_ = 0;           // the member that answered last
+  mutable net::KeepAliveHttpClient http_;  // a connection per member and caller, kept
   bool stopping_ = false;
   std::condition_variable stop_;
   std::thread keepalive_;

@@ -897,6 +897,53 @@ TEST(ServerUrls, CallsFollowTheServerThatAnswers) {
   EXPECT_NE(result.error.find(live), std::string::npos) << result.error;
 }
 
+// Calls reuse a kept connection; one the server closed while it sat idle is replaced without the
+// caller seeing it; calls from several threads each get a connection.
+TEST(KeepAliveHttpClient, ReusesConnectionsAndReplacesOnesTheServerClosed) {
+  HttpServerOptions options;
+  auto server = StartServer(Handler(EchoRouter()), options);
+  const uint16_t port = server->port();
+  const std::string base = "http://127.0.0.1:" + std::to_string(port);
+  KeepAliveHttpClient client;
+  HttpCallOptions call;
+  call.timeout = 2s;
+  for (int i = 0; i < 20; ++i) {
+    HttpResult result = client.Call("GET", base + "/hello?name=k" + std::to_string(i), call);
+    ASSERT_TRUE(result.ok()) << result.error;
+    EXPECT_EQ(result.response->body, "hello k" + std::to_string(i));
+  }
+  EXPECT_EQ(client.connections_opened(), 1u);
+
+  // The server goes away and another takes its port: the kept connection is dead.
+  server.reset();
+  options.port = port;
+  server = StartServer(Handler(EchoRouter()), options);
+  HttpResult result = client.Call("GET", base + "/hello?name=again", call);
+  ASSERT_TRUE(result.ok()) << result.error;
+  EXPECT_EQ(result.response->body, "hello again");
+  EXPECT_EQ(client.connections_opened(), 2u);
+
+  std::vector<std::thread> threads;
+  std::atomic<int> answered{0};
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&] {
+      for (int i = 0; i < 25; ++i)
+        if (HttpResult r = client.Call("GET", base + "/hello?name=t", call);
+            r.ok() && r.response->body == "hello t")
+          ++answered;
+    });
+  for (auto& thread : threads)
+    thread.join();
+  EXPECT_EQ(answered, 100);
+  EXPECT_LE(client.connections_opened(), 6u);  // at most one more per thread
+
+  // Nothing listens any more: the error says where and why.
+  server.reset();
+  result = client.Call("GET", base + "/hello", call);
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(result.error.find("GET " + base + "/hello"), std::string::npos) << result.error;
+}
+
 // A standby redirects to the leader: the call follows with its method and body, and later calls
 // go to the leader directly. A standby that knows no leader is passed over like one that is down.
 TEST(ServerUrls, FollowsAStandbysRedirectAndPassesOverAStandbyWithoutALeader) {
