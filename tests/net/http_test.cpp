@@ -733,6 +733,39 @@ class HttpsTest : public ::testing::Test {
   fs::path dir_;
 };
 
+// A call carries a token: a standby's redirect from https to plain http is not followed, and the
+// redirect itself is what the caller gets.
+TEST_F(HttpsTest, ServerUrlsDoesNotFollowARedirectFromHttpsToHttp) {
+  const Pem pem = Make("server", "IP:127.0.0.1");
+  std::atomic<int> plain_calls{0};
+  auto plain = StartServer([&](const HttpRequest&) {
+    ++plain_calls;
+    return HttpResponse::Text(200, "plain");
+  });
+  const std::string plain_url = "http://" + plain->address();
+  HttpServerOptions options;
+  options.tls_cert_file = pem.cert;
+  options.tls_key_file = pem.key;
+  auto standby = StartServer(
+      [&](const HttpRequest& request) {
+        HttpResponse response = HttpResponse::Error(307, "a standby");
+        response.headers.emplace_back("Location", plain_url + request.target);
+        response.headers.emplace_back(std::string(kServerRoleHeader), "standby");
+        return response;
+      },
+      options);
+  std::string error;
+  auto servers = ServerUrls::Parse(HttpsUrl(*standby, "127.0.0.1", ""), error);
+  ASSERT_TRUE(servers) << error;
+  HttpCallOptions call;
+  call.ca_file = pem.cert;
+  call.headers.emplace_back("Authorization", "Bearer gpf_secret");
+  HttpResult result = servers->Call("GET", "/api/v1/jobs", call);
+  EXPECT_EQ(plain_calls, 0);
+  ASSERT_FALSE(result.ok());  // a standby's answer, with nothing to follow
+  EXPECT_NE(result.error.find("a standby"), std::string::npos) << result.error;
+}
+
 TEST_F(HttpsTest, RoundTripOnLoopback) {
   const Pem pem = Make("server", "IP:127.0.0.1,DNS:localhost");
   auto server = StartHttps(pem);
