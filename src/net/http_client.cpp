@@ -141,6 +141,15 @@ HttpResult HttpCall(std::string_view method, std::string_view url, std::string_v
 
 namespace {
 
+// "GET http://...: connect: Connection refused", or "...: no answer within N ms" when the deadline
+// cut the step off: how HttpCall and KeepAliveHttpClient say a step failed.
+std::string StepFailure(const std::string& what, const char* step, const beast::error_code& code,
+                        std::chrono::milliseconds timeout) {
+  return code == beast::error::timeout || code == asio::error::operation_aborted
+             ? fmt::format("{}: no answer within {} ms", what, timeout.count())
+             : fmt::format("{}: {}: {}", what, step, code.message());
+}
+
 // The request HttpCall and KeepAliveHttpClient send.
 http::request<http::string_body> BuildRequest(http::verb verb, const HttpUrl& url,
                                               HttpCallOptions& options, bool keep_alive) {
@@ -214,9 +223,7 @@ struct Exchange : std::enable_shared_from_this<Exchange> {
     Finish(std::move(result));
   }
   void Failed(const char* step, const beast::error_code& step_error) {
-    Fail(step_error == beast::error::timeout || step_error == asio::error::operation_aborted
-             ? fmt::format("{}: no answer within {} ms", what, options.timeout.count())
-             : fmt::format("{}: {}: {}", what, step, step_error.message()));
+    Fail(StepFailure(what, step, step_error, options.timeout));
   }
 
   // Checks the call and starts it; a bad URL or method finishes it at once.
@@ -417,11 +424,6 @@ HttpResult KeepAliveHttpClient::Call(std::string_view method, std::string_view u
     return failed;
   }
   const std::string key = fmt::format("{}:{}", parsed->host, parsed->port);
-  auto describe = [&](const char* step, const beast::error_code& code) {
-    return code == beast::error::timeout
-               ? fmt::format("{}: no answer within {} ms", what, options.timeout.count())
-               : fmt::format("{}: {}: {}", what, step, code.message());
-  };
   for (int attempt = 0; attempt < 2; ++attempt) {
     // A retry opens a new connection: the others idle since as long may be closed too.
     std::unique_ptr<KeptConnection> connection = attempt == 0 ? impl_->Take(key) : nullptr;
@@ -433,7 +435,7 @@ HttpResult KeepAliveHttpClient::Call(std::string_view method, std::string_view u
       const auto endpoints =
           tcp::resolver(connection->ioc).resolve(parsed->host, std::to_string(parsed->port), code);
       if (code) {
-        failed.error = describe("resolve", code);
+        failed.error = StepFailure(what, "resolve", code, options.timeout);
         return failed;
       }
       connection->stream.expires_after(options.timeout);
@@ -442,7 +444,7 @@ HttpResult KeepAliveHttpClient::Call(std::string_view method, std::string_view u
           [&code](beast::error_code connect_error, const tcp::endpoint&) { code = connect_error; });
       connection->ioc.run();
       if (code) {
-        failed.error = describe("connect", code);
+        failed.error = StepFailure(what, "connect", code, options.timeout);
         return failed;
       }
       connection->stream.socket().set_option(tcp::no_delay(true), code);
@@ -472,7 +474,7 @@ HttpResult KeepAliveHttpClient::Call(std::string_view method, std::string_view u
     // Closed by the server while it sat idle: once more on a new connection. A timeout is not
     // that, and is not sent twice.
     if (!reused || code == beast::error::timeout) {
-      failed.error = describe(step, code);
+      failed.error = StepFailure(what, step, code, options.timeout);
       return failed;
     }
   }
