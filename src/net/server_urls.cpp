@@ -88,7 +88,13 @@ HttpResult ServerUrls::Call(std::string_view method, std::string_view path,
       }
       return result;
     }
-    const std::string why = result.ok() ? "a standby, and it knows no leader yet" : result.error;
+    std::string why = result.error;
+    if (result.ok()) {
+      const std::string location = result.response->Header("Location");
+      why = location.empty()
+                ? "a standby, and it knows no leader yet"
+                : fmt::format("a standby, whose redirect to {} was not followed", location);
+    }
     failures.push_back(count == 1 ? why : fmt::format("{}: {}", bases[i], why));
   }
   HttpResult failed;
