@@ -221,6 +221,9 @@ def main():
     parser.add_argument("--via", default="cli,api",
                         help="how gpufleet's jobs are sent: cli, api, or both (cli,api)")
     args = parser.parse_args()
+    for via in args.via.split(","):
+        if via not in ("cli", "api"):
+            parser.error(f"--via {args.via}: '{via}' is neither cli nor api")
     jobs = jobs_for(args.jobs, args.seed)
     results = {}
     line = ("{}: {:.1f} submissions/s, all placed {:.2f} s after the first submission, "
