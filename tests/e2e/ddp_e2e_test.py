@@ -21,7 +21,15 @@ def test_two_node_ddp_training(gpufleet):
         cluster.start_agent("node-b", "127.0.0.3", gpus="2xH100-80GB")
         job = cluster.submit({"name": "ddp", "nodes": 2, "gpus": 1,
                               "command": [TORCH_PYTHON, SCRIPT]})
-        done = cluster.wait_state(job["id"], ("succeeded", "failed", "cancelled"), timeout=180)
+        try:
+            done = cluster.wait_state(job["id"], ("succeeded", "failed", "cancelled"),
+                                      timeout=180)
+        except Exception:
+            for task in (0, 1):
+                for stream in ("stdout", "stderr"):
+                    print(f"--- rank {task} {stream}:\n"
+                          f"{cluster.logs(job['id'], task=task, stream=stream)[-3000:]}")
+            raise
         rank0 = cluster.logs(job["id"], task=0)
         rank1 = cluster.logs(job["id"], task=1)
         errors = cluster.logs(job["id"], task=0, stream="stderr")
@@ -32,6 +40,7 @@ def test_two_node_ddp_training(gpufleet):
         check("rank 0 of 2 (MASTER_ADDR=127.0.0.2" in rank0 or
               "rank 0 of 2 (MASTER_ADDR=127.0.0.3" in rank0, f"rank 0 said {rank0[:300]!r}")
         check("rank 1 of 2" in rank1 and "NODE_RANK=1" in rank1, f"rank 1 said {rank1!r}")
+        check("rank 0 done" in rank0 and "rank 1 done" in rank1, "a rank did not finish")
         first = float(re.search(r"loss_first ([\d.]+)", rank0).group(1))
         last = float(re.search(r"loss_last ([\d.]+)", rank0).group(1))
         check(last < first / 100, f"the loss went from {first} to {last}")

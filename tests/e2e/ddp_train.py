@@ -5,7 +5,10 @@ MASTER_PORT, WORLD_SIZE, RANK), trains a linear model with DistributedDataParall
 (CPU), and prints the loss each epoch. Rank 0 prints "loss_first" and "loss_last" at the end.
 """
 
+import datetime
+import faulthandler
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -13,7 +16,12 @@ from torch.nn.parallel import DistributedDataParallel
 
 
 def main():
-    dist.init_process_group("gloo")  # env:// rendezvous: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
+    # A rank that hangs prints where (every thread's stack, to stderr) and exits, so a stuck run
+    # says why instead of running into the test's timeout silently.
+    faulthandler.dump_traceback_later(100, exit=True)
+    # env:// rendezvous: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE. A collective that waits on a
+    # lost peer raises after the timeout rather than gloo's default of 30 minutes.
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank = dist.get_rank()
     world = dist.get_world_size()
     print(f"rank {rank} of {world} (MASTER_ADDR={os.environ['MASTER_ADDR']}, "
@@ -51,7 +59,17 @@ def main():
     if rank == 0:
         print(f"loss_first {losses[0]:.6f}", flush=True)
         print(f"loss_last {losses[-1]:.6f}", flush=True)
+    # Every rank is done communicating before any tears its process group down (rank 0 hosts the
+    # rendezvous store), as torch's docs advise.
+    dist.barrier()
     dist.destroy_process_group()
+    print(f"rank {rank} done", flush=True)
+    # Debian's torch 1.13 can deadlock when DDP's model is freed, about once in 30 runs under
+    # load: freeing its reducer on this thread, which holds the GIL, joins gloo's worker thread,
+    # and that thread waits for the GIL to free a tensor (both stacks seen with gdb; the process
+    # spins forever). Everything is printed, so leave before the model is freed.
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
