@@ -323,13 +323,16 @@ void Server::Impl::Stop() {
 
 void Server::Impl::CommitLocked(std::vector<Mutation> batch, CommitDone done,
                                 std::vector<std::string> wake) {
+  ++commits_queued;
   committer->CommitAsync(std::move(batch), [this, done = std::move(done),
                                             wake = std::move(wake)](std::exception_ptr error) {
     std::string message;
     if (error) {
       message = Describe(error);
-      OnStoreFailure(message);
-    } else if (!wake.empty()) {
+      OnStoreFailure(message);  // before it counts as settled: a failure is never durable
+    }
+    ++commits_settled;
+    if (!error && !wake.empty()) {
       // After durability: an agent never starts a task for a placement the store lacks.
       std::lock_guard lock(mu);
       for (const std::string& node : wake)
@@ -652,14 +655,36 @@ api::SyncResponse Server::Impl::DesiredLocked(const std::string& node) const {
   return response;
 }
 
+void Server::Impl::RespondDesiredLocked(const std::string& node,
+                                        std::vector<net::HttpResponder> responders) {
+  if (responders.empty()) return;
+  std::string body = json(DesiredLocked(node)).dump();
+  if (commits_settled.load() == commits_queued && !failed()) {
+    for (net::HttpResponder& respond : responders)
+      respond(net::HttpResponse::Json(200, body));
+    return;
+  }
+  if (failed()) {
+    for (net::HttpResponder& respond : responders)
+      respond(StoreFailed(FatalMessage()));
+    return;
+  }
+  // An empty batch settles after every batch queued before it, so after all `body` reflects.
+  committer->CommitAsync({}, [body = std::move(body), responders = std::move(responders)](
+                                 std::exception_ptr error) mutable {
+    for (net::HttpResponder& respond : responders)
+      respond(error ? StoreFailed(Describe(error)) : net::HttpResponse::Json(200, body));
+  });
+}
+
 void Server::Impl::AnswerParkedLocked(const std::string& node) {
   auto it = nodes.find(node);
   if (it == nodes.end() || it->second.parked.empty()) return;
-  const std::string body = json(DesiredLocked(node)).dump();
-  std::vector<Parked> parked = std::move(it->second.parked);
+  std::vector<net::HttpResponder> responders;
+  for (Parked& waiting : it->second.parked)
+    responders.push_back(std::move(waiting.respond));
   it->second.parked.clear();
-  for (Parked& waiting : parked)
-    waiting.respond(net::HttpResponse::Json(200, body));
+  RespondDesiredLocked(node, std::move(responders));
 }
 
 void Server::Impl::FinishSyncLocked(const std::string& node, uint64_t known_version,
@@ -667,7 +692,9 @@ void Server::Impl::FinishSyncLocked(const std::string& node, uint64_t known_vers
   auto it = nodes.find(node);
   // Not equal rather than older: versions of a restarted server may be smaller or larger.
   if (stopping || it == nodes.end() || it->second.version != known_version || wait_ms <= 0) {
-    respond(net::HttpResponse::Json(200, json(DesiredLocked(node)).dump()));
+    std::vector<net::HttpResponder> responders;
+    responders.push_back(std::move(respond));
+    RespondDesiredLocked(node, std::move(responders));
     return;
   }
   const TimeMs wait = std::min<TimeMs>(wait_ms, options.heartbeat_ms);
@@ -734,10 +761,11 @@ void Server::Impl::MaintenanceLoop() {
       auto expired = std::stable_partition(
           parked.begin(), parked.end(), [&](const Parked& p) { return p.deadline > steady_now; });
       if (expired == parked.end()) continue;
-      const std::string body = json(DesiredLocked(name)).dump();
+      std::vector<net::HttpResponder> responders;
       for (auto it = expired; it != parked.end(); ++it)
-        it->respond(net::HttpResponse::Json(200, body));
+        responders.push_back(std::move(it->respond));
       parked.erase(expired, parked.end());
+      RespondDesiredLocked(name, std::move(responders));
     }
     if (!parked_deadlines.empty()) next = std::min(next, parked_deadlines.begin()->first);
     // Every node's liveness, only when one may have gone silent: syncs only move a node's

@@ -194,6 +194,10 @@ struct Server::Impl {
 
   // Syncs.
   api::SyncResponse DesiredLocked(const std::string& node) const;
+  // Answers syncs of `node` with its desired state once every change that state reflects is
+  // durable: memory runs ahead of the store, and an agent must never start a placement that a
+  // failed or fenced commit loses (a new leader would place that job again, at the same attempt).
+  void RespondDesiredLocked(const std::string& node, std::vector<net::HttpResponder> responders);
   void AnswerParkedLocked(const std::string& node);
   void FinishSyncLocked(const std::string& node, uint64_t known_version, int32_t wait_ms,
                         net::HttpResponder respond);
@@ -344,6 +348,10 @@ struct Server::Impl {
   int64_t in_flight = 0;
 
   std::atomic<bool> failed_{false};
+  // Batches CommitLocked queued (under mu) and those whose outcome is known: equal means memory
+  // holds nothing the store may yet lose.
+  uint64_t commits_queued = 0;
+  std::atomic<uint64_t> commits_settled{0};
   mutable std::mutex fatal_mu;
   mutable std::condition_variable fatal_cv;
   std::string fatal;

@@ -1,6 +1,9 @@
 // The control plane through its HTTP API: a real Server on a loopback port with a temporary data
 // dir (server_test_fixture.h).
 
+#include <future>
+#include <thread>
+
 #include "server_test_fixture.h"
 
 namespace gpufleet::server {
@@ -501,14 +504,18 @@ TEST_F(LostNodeTest, SilentNodeIsLostAndItsJobRunsElsewhere) {
 
 // ---- Store failure ---------------------------------------------------------------------------
 
-// SQLite underneath, but commits fail while `fail` is set: a full or broken disk.
+// SQLite underneath, but commits fail while `fail` is set (a full or broken disk), and wait while
+// `hold` is set (a store that is slow or cut off).
 class FlakyStore : public store::Store {
  public:
-  FlakyStore(std::unique_ptr<store::Store> inner, std::shared_ptr<std::atomic<bool>> fail)
-      : inner_(std::move(inner)), fail_(std::move(fail)) {}
+  FlakyStore(std::unique_ptr<store::Store> inner, std::shared_ptr<std::atomic<bool>> fail,
+             std::shared_ptr<std::atomic<bool>> hold)
+      : inner_(std::move(inner)), fail_(std::move(fail)), hold_(std::move(hold)) {}
   std::string_view backend() const override { return inner_->backend(); }
   std::string location() const override { return inner_->location(); }
   void Commit(std::span<const store::Mutation> batch) override {
+    while (*hold_)
+      std::this_thread::sleep_for(1ms);
     if (*fail_) throw store::StoreError("disk full (test)");
     inner_->Commit(batch);
   }
@@ -524,17 +531,53 @@ class FlakyStore : public store::Store {
  private:
   std::unique_ptr<store::Store> inner_;
   std::shared_ptr<std::atomic<bool>> fail_;
+  std::shared_ptr<std::atomic<bool>> hold_;
 };
 
 class StoreFailureTest : public ServerTest {
  protected:
   StoreFailureTest() {
-    options_.open_store = [fail = fail_](const std::string& data_dir) {
-      return std::make_unique<FlakyStore>(store::OpenSqliteStore(data_dir), fail);
+    options_.open_store = [fail = fail_, hold = hold_](const std::string& data_dir) {
+      return std::make_unique<FlakyStore>(store::OpenSqliteStore(data_dir), fail, hold);
     };
   }
   std::shared_ptr<std::atomic<bool>> fail_ = std::make_shared<std::atomic<bool>>(false);
+  std::shared_ptr<std::atomic<bool>> hold_ = std::make_shared<std::atomic<bool>>(false);
 };
+
+// An agent hears of a placement only once it is durable. Were it told earlier and the commit then
+// lost (a leader cut off from etcd, whose late commit is fenced off), a new leader would place
+// the job again at the same attempt: the job would run twice (seen in tests/e2e's netns faults).
+TEST_F(StoreFailureTest, AnAgentIsNotToldOfAPlacementBeforeItIsDurable) {
+  Sync(NodeReport("n1"));
+  const JobId durable = Submit(alice_, kOneGpu);
+  ASSERT_TRUE(WaitForState(durable, JobState::kScheduled));
+  Sync(NodeReport("n1"));  // the agent has seen the durable placement
+
+  *hold_ = true;
+  auto submitted = std::async(std::launch::async,
+                              [&] { return Call("POST", "/api/v1/jobs", alice_, kOneGpu.dump()); });
+  const JobId held = durable + 1;
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (Call("GET", fmt::format("/api/v1/jobs/{}", held), alice_).status != 200 &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(WaitForState(held, JobState::kScheduled));  // placed in memory, not yet stored
+  api::SyncRequest request;
+  request.node = NodeReport("n1");
+  request.agent_key = agent_key_;
+  auto synced = std::async(std::launch::async, [&] {
+    return Call("POST", "/api/v1/agents/sync", agent_, json(request).dump());
+  });
+  EXPECT_EQ(synced.wait_for(300ms), std::future_status::timeout)
+      << "the sync was answered while the placement's commit was still open";
+  *fail_ = true;  // that commit then fails, as a fenced one does
+  *hold_ = false;
+  const Reply reply = synced.get();
+  EXPECT_EQ(reply.status, 503) << reply.body;
+  EXPECT_EQ(reply.body.find(fmt::format("j{}-r0-a0", held)), std::string::npos) << reply.body;
+  EXPECT_EQ(submitted.get().status, 503);
+}
 
 TEST_F(StoreFailureTest, FailedCommitIsAnswered503AndStopsAllChanges) {
   Sync(NodeReport("n1"));
