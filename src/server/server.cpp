@@ -329,7 +329,8 @@ void Server::Impl::CommitLocked(std::vector<Mutation> batch, CommitDone done,
     std::string message;
     if (error) {
       message = Describe(error);
-      OnStoreFailure(message);  // before it counts as settled: a failure is never durable
+      // Before it counts as settled: a failure is never durable.
+      OnStoreFailure("store commit failed: " + message);
     }
     ++commits_settled;
     if (!error && !wake.empty()) {
@@ -346,7 +347,7 @@ void Server::Impl::OnStoreFailure(const std::string& error) {
   {
     std::lock_guard lock(fatal_mu);
     if (!fatal.empty()) return;
-    fatal = "store commit failed: " + error;
+    fatal = error;
     failed_ = true;
   }
   Log(fmt::format("FATAL: {}; acknowledging no more changes; restart to reload what is durable",
@@ -751,6 +752,9 @@ void Server::Impl::MaintenanceLoop() {
     SteadyTime next = steady_now + std::chrono::seconds(1);
     std::vector<Mutation> batch;
     std::vector<std::string> wake;
+    // A leader whose claim on a shared store ran out stops now, not at its next commit: another
+    // server may be leading, and agents and clients should move on to it.
+    if (auto lost = store->Lost()) OnStoreFailure(*lost);
     // Polls past their deadline are answered with the (unchanged) desired state.
     while (!parked_deadlines.empty() && parked_deadlines.begin()->first <= steady_now) {
       const std::string name = std::move(parked_deadlines.begin()->second);

@@ -97,7 +97,8 @@ class Server {
                           const std::string& created_by);
   bool HasAdminToken() const;
 
-  // Set once a store commit failed: from then on the server acknowledges no mutation, /readyz
+  // Set once a store commit failed, or the store said it was lost (Store::Lost: another server
+  // may lead now): from then on the server acknowledges no mutation, /readyz
   // fails, and the process should exit non-zero (a restart reloads what is durable).
   std::optional<std::string> fatal_error() const;
   // Waits up to `timeout` for a fatal error; returns it, or nothing when none happened.

@@ -1191,6 +1191,9 @@ void Server::Impl::AddRoutes() {
     std::vector<Role> roles(role_list);
     router.AddAsync(std::move(method), pattern,
                     [this, roles, handler](HttpRequest request, HttpResponder respond) {
+                      // Memory may hold what the store lost, or another server may lead now:
+                      // no answer from it, reads included, so that clients move on.
+                      if (failed()) return respond(HttpResponse::Error(503, FatalMessage()));
                       Authorized(*this, request, roles, handler, std::move(respond));
                     });
   };

@@ -1,9 +1,13 @@
 #include "store/etcd_store.h"
 
+#include <algorithm>
 #include <array>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -23,6 +27,7 @@ constexpr std::string_view kAlphabet =
 // Keys per range request while listing: each page is one round trip, and bounded in memory.
 constexpr int kPageSize = 1000;
 constexpr auto kRequestTimeout = std::chrono::seconds(10);
+constexpr auto kMinMemberTimeout = std::chrono::milliseconds(200);
 
 // What one call to a member came to.
 struct Answer {
@@ -37,7 +42,7 @@ class EtcdStore final : public Store {
     std::vector<std::string> failures;
     bool reached = false;
     for (size_t i = 0; i < options_.endpoints.size() && !reached; ++i) {
-      Answer answer = CallOne(i, "/v3/maintenance/status", json::object());
+      Answer answer = CallOne(i, "/v3/maintenance/status", json::object(), kRequestTimeout);
       if (answer.body) {
         preferred_ = i;
         version_ = answer.body->value("version", "");
@@ -58,10 +63,13 @@ class EtcdStore final : public Store {
     }
     stop_.notify_all();
     if (keepalive_.joinable()) keepalive_.join();
-    // Revoking the lease deletes the lock: the next server need not wait out its TTL.
-    try {
-      Call("/v3/lease/revoke", json{{"ID", lease_}});
-    } catch (const StoreError&) {
+    // Revoking the lease deletes the lock: the next server need not wait out its TTL. A lost
+    // lease is gone already, or etcd is out of reach.
+    if (!Lost()) {
+      try {
+        Call("/v3/lease/revoke", json{{"ID", lease_}});
+      } catch (const StoreError&) {
+      }
     }
   }
 
@@ -71,9 +79,26 @@ class EtcdStore final : public Store {
                        version_, options_.key_prefix);
   }
 
+  std::optional<std::string> Lost() const override {
+    if (lease_expired_.load())
+      return fmt::format(
+          "etcd: this server's lease on '{}' expired (etcd said so when it was renewed): another "
+          "server may hold the lock now",
+          options_.key_prefix);
+    const int64_t until = lease_valid_until_.load();  // 0: no lease yet (opening)
+    if (until != 0 && std::chrono::steady_clock::now().time_since_epoch().count() > until)
+      return fmt::format(
+          "etcd: this server's lease on '{}' was not renewed for {} s (etcd unreachable): "
+          "another server may hold the lock now",
+          options_.key_prefix, options_.lease_ttl_s);
+    return std::nullopt;
+  }
+
   void Commit(std::span<const Mutation> batch) override {
     CheckKeys(batch);
     if (batch.empty()) return;
+    // Fenced off by etcd anyway; this says so at once instead of after a call that cannot reach it.
+    if (auto lost = Lost()) throw StoreError(*lost + ": nothing was written");
     // etcd refuses a transaction that names a key twice: keep each key's last mutation, in the
     // order of first appearance (the result is the same as applying them in order).
     std::map<std::string_view, size_t> last;
@@ -179,7 +204,9 @@ class EtcdStore final : public Store {
     const json current = Call("/v3/kv/range", json{{"key", key}});
     if (const auto kvs = current.find("kvs"); kvs != current.end() && !kvs->empty())
       throw HeldBy(Decode(kvs->at(0), "value"));
+    const auto asked = std::chrono::steady_clock::now();
     const json grant = Call("/v3/lease/grant", json{{"TTL", options_.lease_ttl_s}});
+    ExtendLease(asked);
     lease_ = Int64Text(grant, "ID");
     if (lease_.empty()) throw StoreError("etcd granted no lease");
     std::string holder = options_.holder;
@@ -225,7 +252,17 @@ class EtcdStore final : public Store {
     while (!stop_.wait_for(lock, every, [this] { return stopping_; })) {
       lock.unlock();
       try {
-        Call("/v3/lease/keepalive", json{{"ID", lease_}});
+        const auto asked = std::chrono::steady_clock::now();
+        // A third of the TTL per member: a silent one leaves time to renew through another.
+        const json answer = Call("/v3/lease/keepalive", json{{"ID", lease_}}, every);
+        // proto3's JSON leaves out a TTL of 0: the lease had expired before etcd saw this.
+        const json result = answer.value("result", json::object());
+        if (result.contains("header")) {
+          if (Int64Text(result, "TTL").empty() || Int64Text(result, "TTL") == "0")
+            lease_expired_ = true;
+          else
+            ExtendLease(asked);
+        }
       } catch (const std::exception&) {
         // Unreachable for now, or an answer we cannot read: the next round tries again. The TTL
         // bounds how long renewing may fail before commits are fenced off.
@@ -234,9 +271,30 @@ class EtcdStore final : public Store {
     }
   }
 
+  // A renewal asked for at `asked` that etcd granted keeps the lease at least a TTL from then
+  // (etcd counts from when it saw the call, later still).
+  void ExtendLease(std::chrono::steady_clock::time_point asked) {
+    lease_valid_until_ =
+        (asked + std::chrono::seconds(options_.lease_ttl_s)).time_since_epoch().count();
+  }
+
+  // How long one member may take to answer. While this store holds the lock, no longer than the
+  // lease surely lasts: a commit answered after that may have been fenced off, and a server
+  // whose store is lost should stop within a TTL, not after a timeout per member.
+  std::chrono::milliseconds MemberTimeout() const {
+    const int64_t until = lease_valid_until_.load();
+    if (until == 0) return kRequestTimeout;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::steady_clock::duration(until) -
+        std::chrono::steady_clock::now().time_since_epoch());
+    return std::clamp(left, kMinMemberTimeout, std::chrono::milliseconds(kRequestTimeout));
+  }
+
   // Posts `body` to each member in turn, starting with the one that answered last, until one
-  // answers; throws StoreError with every member's reason otherwise.
-  json Call(std::string_view path, const json& body) const {
+  // answers; throws StoreError with every member's reason otherwise. `timeout`: for each member
+  // (default MemberTimeout()). Once the lock is lost, no further member is tried.
+  json Call(std::string_view path, const json& body,
+            std::optional<std::chrono::milliseconds> timeout = std::nullopt) const {
     std::vector<std::string> failures;
     size_t first;
     {
@@ -245,7 +303,11 @@ class EtcdStore final : public Store {
     }
     for (size_t n = 0; n < options_.endpoints.size(); ++n) {
       const size_t i = (first + n) % options_.endpoints.size();
-      Answer answer = CallOne(i, path, body);
+      if (n > 0 && Lost()) {
+        failures.push_back(*Lost());
+        break;
+      }
+      Answer answer = CallOne(i, path, body, timeout ? *timeout : MemberTimeout());
       if (answer.body) {
         if (i != first) {
           std::lock_guard lock(mutex_);
@@ -259,11 +321,12 @@ class EtcdStore final : public Store {
     throw StoreError(fmt::format("etcd {}: {}", path, fmt::join(failures, "; ")));
   }
 
-  Answer CallOne(size_t endpoint, std::string_view path, const json& body) const {
+  Answer CallOne(size_t endpoint, std::string_view path, const json& body,
+                 std::chrono::milliseconds timeout) const {
     Answer answer;
     net::HttpCallOptions call;
     call.body = body.dump();
-    call.timeout = kRequestTimeout;
+    call.timeout = timeout;
     const net::HttpResult result =
         http_.Call("POST", options_.endpoints[endpoint] + std::string(path), call);
     if (!result.ok()) {
@@ -330,6 +393,9 @@ class EtcdStore final : public Store {
   std::string version_;
   std::string lease_;          // its ID, as etcd's JSON writes 64-bit numbers: a string
   std::string lock_revision_;  // the revision that created the lock
+  // Until when (steady clock ticks) the lease surely holds, and whether etcd said it expired.
+  std::atomic<int64_t> lease_valid_until_{0};
+  std::atomic<bool> lease_expired_{false};
   mutable std::mutex mutex_;
   mutable size_t preferred_ = 0;           // the member that answered last
   mutable net::KeepAliveHttpClient http_;  // a connection per member and caller, kept

@@ -67,6 +67,12 @@ class Store {
   virtual void Scan(
       std::string_view prefix,
       const std::function<void(std::string_view key, std::string_view value)>& visit) const = 0;
+
+  // Why this store can take no more commits although nothing has failed yet, or nothing: a store
+  // shared by several servers says so once this one's claim on it may have run out (etcd: the
+  // lock's lease was not renewed for a whole TTL), so that its server stops serving at once
+  // instead of at its next commit.
+  virtual std::optional<std::string> Lost() const { return std::nullopt; }
 };
 
 // The smallest key greater than every key that starts with `prefix`, or nullopt when there is

@@ -8,6 +8,7 @@
 #include <string>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "etcd_process.h"
 #include "store_conformance.h"
@@ -184,6 +185,55 @@ TEST(EtcdStore, AKilledHoldersLockFreesAfterItsLease) {
   EXPECT_EQ(store->Get("from-the-child"), "1");
 }
 
+// A store whose lease cannot be renewed says it is lost within a TTL (its server then stops
+// serving: another may lead), and refuses commits at once; it is found again once renewed. A
+// lease etcd says has expired stays lost.
+TEST(EtcdStore, SaysItIsLostOnceItsLeaseMayHaveRunOut) {
+  ScratchDir dir;
+  EtcdCluster cluster(dir.path(), 1);
+  EtcdOptions options;
+  options.endpoints = cluster.ClientUrls();
+  options.key_prefix = "lost/";
+  options.lease_ttl_s = 2;
+  auto store = OpenEtcdStore(options);
+  Put(*store, "a", "1");
+  EXPECT_EQ(store->Lost(), std::nullopt);
+
+  cluster.Kill(0);
+  const auto killed = std::chrono::steady_clock::now();
+  while (!store->Lost() && std::chrono::steady_clock::now() - killed < std::chrono::seconds(10))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(store->Lost());
+  EXPECT_LE(std::chrono::steady_clock::now() - killed, std::chrono::seconds(3));
+  EXPECT_NE(store->Lost()->find("was not renewed for 2 s"), std::string::npos) << *store->Lost();
+  const auto put = std::chrono::steady_clock::now();
+  EXPECT_THROW(Put(*store, "b", "2"), StoreError);
+  EXPECT_LT(std::chrono::steady_clock::now() - put, std::chrono::seconds(1));  // no call made
+
+  cluster.Restart(0);  // etcd keeps its leases over a restart and gives them a fresh TTL
+  const auto restarted = std::chrono::steady_clock::now();
+  while (store->Lost() && std::chrono::steady_clock::now() - restarted < std::chrono::seconds(20))
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_EQ(store->Lost(), std::nullopt);
+  Put(*store, "b", "2");
+
+  // The lease revoked behind the store's back: the next renewal hears it is gone.
+  const net::HttpResult lock =
+      net::HttpPost(cluster.ClientUrl(0) + "/v3/kv/range",
+                    fmt::format(R"({{"key": "{}"}})", Base64Encode("lost.lock")));
+  ASSERT_TRUE(lock.ok() && lock.response->status == 200);
+  const std::string lease =
+      nlohmann::json::parse(lock.response->body).at("kvs").at(0).at("lease").get<std::string>();
+  const net::HttpResult revoked = net::HttpPost(cluster.ClientUrl(0) + "/v3/lease/revoke",
+                                                fmt::format(R"({{"ID": "{}"}})", lease));
+  ASSERT_TRUE(revoked.ok() && revoked.response->status == 200);
+  const auto revoked_at = std::chrono::steady_clock::now();
+  while (!store->Lost() && std::chrono::steady_clock::now() - revoked_at < std::chrono::seconds(10))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(store->Lost());
+  EXPECT_NE(store->Lost()->find("expired"), std::string::npos) << *store->Lost();
+}
+
 // Three members: with one killed every call goes to the others; with two killed (no quorum) a
 // commit fails with each member's reason and nothing is lost; with one back, all is as it was.
 TEST(EtcdStore, FailsOverBetweenMembersAndWaitsOutALostQuorum) {
@@ -203,8 +253,12 @@ TEST(EtcdStore, FailsOverBetweenMembersAndWaitsOutALostQuorum) {
     Put(*store, "c", "3");
     FAIL() << "committed without a quorum";
   } catch (const StoreError& error) {
-    EXPECT_NE(std::string(error.what()).find(cluster.ClientUrl(0)), std::string::npos)
-        << error.what();
+    // Each member's reason, or, once the calls have outlasted the lease (no quorum renews it
+    // either), that the lease is lost.
+    const std::string what = error.what();
+    EXPECT_TRUE(what.find(cluster.ClientUrl(0)) != std::string::npos ||
+                what.find("was not renewed") != std::string::npos)
+        << what;
   }
   cluster.Restart(1);
   // The restarted member rejoins; a commit may need a moment while it catches up.
