@@ -13,6 +13,7 @@ packages=(
   python3-torch  # the end-to-end DDP training job (gloo, CPU) and the reference model server
   prometheus  # the agent's integration test scrapes it with a real Prometheus server
   etcd-server  # the etcd store backend: its conformance suite runs against a real etcd
+  iproute2 libfaketime  # the HA fault tests: network namespaces, and a server's clock stepped
 )
 # `scripts/deps.sh fuzz` (make fuzz): libFuzzer comes with clang.
 if [[ "${1:-}" == "fuzz" ]]; then
