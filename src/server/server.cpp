@@ -671,11 +671,16 @@ void Server::Impl::RespondDesiredLocked(const std::string& node,
     return;
   }
   // An empty batch settles after every batch queued before it, so after all `body` reflects.
-  committer->CommitAsync({}, [body = std::move(body), responders = std::move(responders)](
-                                 std::exception_ptr error) mutable {
-    for (net::HttpResponder& respond : responders)
-      respond(error ? StoreFailed(Describe(error)) : net::HttpResponse::Json(200, body));
-  });
+  auto answer = std::make_shared<std::vector<net::HttpResponder>>(std::move(responders));
+  try {
+    committer->CommitAsync({}, [body = std::move(body), answer](std::exception_ptr error) {
+      for (net::HttpResponder& respond : *answer)
+        respond(error ? StoreFailed(Describe(error)) : net::HttpResponse::Json(200, body));
+    });
+  } catch (const std::logic_error&) {  // the committer is shutting down: this server is stopping
+    for (net::HttpResponder& respond : *answer)
+      respond(net::HttpResponse::Error(503, "the server is stopping"));
+  }
 }
 
 void Server::Impl::AnswerParkedLocked(const std::string& node) {

@@ -88,7 +88,8 @@ class EtcdStore final : public Store {
     const int64_t until = lease_valid_until_.load();  // 0: no lease yet (opening)
     if (until != 0 && std::chrono::steady_clock::now().time_since_epoch().count() > until)
       return fmt::format(
-          "etcd: this server's lease on '{}' was not renewed for {} s (etcd unreachable): "
+          "etcd: this server's lease on '{}' was not renewed for {} s (etcd out of reach, or this "
+          "process stalled): "
           "another server may hold the lock now",
           options_.key_prefix, options_.lease_ttl_s);
     return std::nullopt;

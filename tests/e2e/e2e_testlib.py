@@ -111,10 +111,7 @@ class Cluster:
             self.server.process.kill()
         for data_dir in self.agent_dirs:
             kill_recorded_workloads(data_dir)
-        if exc[0] is None:
-            shutil.rmtree(self.root, ignore_errors=True)
-        else:
-            print(f"kept {self.root} for inspection", file=sys.stderr)
+        remove_unless_failed(self.root, exc[0] is not None)
         return False
 
     def make_certificate(self):
@@ -240,6 +237,14 @@ class Cluster:
                   f"gpufleet {' '.join(args)}: exit {result.returncode}, wanted {check_code}; "
                   f"stdout {result.stdout!r}; stderr {result.stderr!r}")
         return result
+
+
+def remove_unless_failed(root, failed):
+    """A test's directory goes when it passed; a failed one's is kept, and said where."""
+    if failed:
+        print(f"kept {root} for inspection", file=sys.stderr)
+    else:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 class SubmitLoad:

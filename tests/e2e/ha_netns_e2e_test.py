@@ -24,18 +24,15 @@ Usage: ha_netns_e2e_test.py path/to/gpufleet"""
 import ctypes
 import json
 import os
-import re
-import shutil
 import signal
 import subprocess
-import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
 
-from e2e_testlib import (Process, api, check, kill_recorded_workloads, run_tests, wait_until)
+from e2e_testlib import (Process, SubmitLoad, api, check, kill_recorded_workloads,
+                         remove_unless_failed, run_tests, wait_until)
 
 ETCD = "/usr/bin/etcd"
 FAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
@@ -134,59 +131,48 @@ def http_json(method, url, body=None, token=None, timeout=5):
         return error.code, parsed, error.headers.get("Location")
 
 
-class Load:
+class Load(SubmitLoad):
     """Clients submitting short jobs to a list of servers, as the CLI does: a redirect from a
     standby is followed, an unreachable or failing server is passed over. Every name is sent
     once; a submission that got no 201 (a timeout, a 5xx) was not promised and is not retried."""
 
     def __init__(self, cluster, workers=2, pause_s=0.1):
         self.cluster = cluster
-        self.acknowledged = {}  # id -> name
+        self.pause_s = pause_s
         self.refused = 0
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(worker, pause_s))
-                         for worker in range(workers)]
         self._sequence = 0
-        for thread in self._threads:
-            thread.start()
+        super().__init__(list(cluster.server_urls.values()), cluster.token, workers)
 
     def _name(self, worker):
         with self._lock:
             self._sequence += 1
             return f"w{worker}-{self._sequence}"
 
-    def _run(self, worker, pause_s):
-        urls = list(self.cluster.server_urls.values())
+    def _submit(self, urls, token, worker):
         current = worker % len(urls)
         while not self._stop.is_set():
             name = self._name(worker)
             body = {"name": name, "gpus": 1, "command": self.cluster.ledger_command()}
-            url = urls[current]
             try:
-                status, answer, location = http_json("POST", url + "/api/v1/jobs", body,
-                                                     self.cluster.token)
+                status, answer, location = http_json("POST", urls[current] + "/api/v1/jobs",
+                                                     body, token)
                 if status in (307, 308) and location:
-                    status, answer, _ = http_json("POST", location, body, self.cluster.token)
+                    status, answer, _ = http_json("POST", location, body, token)
             except OSError:
                 status, answer = None, None
-            if status == 201:
-                with self._lock:
-                    self.acknowledged[answer["id"]] = name
-            else:
-                with self._lock:
+            with self._lock:
+                if status == 201:
+                    self.acknowledged.append((answer["id"], name))
+                else:
                     self.refused += 1
+            if status != 201:
                 current = (current + 1) % len(urls)
-            time.sleep(pause_s)
+            time.sleep(self.pause_s)
 
-    def count(self):
+    def snapshot(self):
+        """{id: name} of every acknowledged submission so far."""
         with self._lock:
-            return len(self.acknowledged)
-
-    def stop(self):
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(15)
+            return dict(self.acknowledged)
 
 
 class NetCluster:
@@ -227,10 +213,7 @@ class NetCluster:
         for name in self.agents:
             kill_recorded_workloads(os.path.join(self.root, name))
         self.net.close()
-        if exc[0] is None:
-            shutil.rmtree(self.root, ignore_errors=True)
-        else:
-            print(f"kept {self.root} for inspection", file=sys.stderr)
+        remove_unless_failed(self.root, exc[0] is not None)
         return False
 
     # etcd ----------------------------------------------------------------------------------
@@ -360,8 +343,7 @@ class NetCluster:
 
 def check_invariants(cluster, load, long_job, long_pid, fault):
     """Every acknowledged job once; each start once per attempt; the long job untouched."""
-    with load._lock:  # before listing: what is acknowledged after it need not be listed yet
-        acknowledged = dict(load.acknowledged)
+    acknowledged = load.snapshot()  # before listing: what is acknowledged later may be missing
     jobs = cluster.jobs()
     ids = [job["id"] for job in jobs]
     check(len(ids) == len(set(ids)), f"{fault}: a job id is listed twice")
@@ -527,15 +509,15 @@ def test_faults_across_a_network(gpufleet):
         def all_done():
             jobs = {job["id"]: job for job in cluster.jobs()}
             return all(jobs[job_id]["state"] in ("succeeded", "failed")
-                       for job_id in load.acknowledged)
+                       for job_id in load.snapshot())
         wait_until(all_done, 120, "every acknowledged job to finish")
         states = {job["id"]: job["state"] for job in cluster.jobs()}
-        failed = [job_id for job_id in load.acknowledged if states[job_id] != "succeeded"]
+        failed = [job_id for job_id in load.snapshot() if states[job_id] != "succeeded"]
         check(not failed, f"{len(failed)} acknowledged jobs failed, e.g. {failed[:3]}")
         total = check_invariants(cluster, load, long_job["id"], long_pid, "at the end")
         with open(cluster.ledger) as file:
             started_ids = {line.split()[0] for line in file if line.strip()}
-        missing = [job_id for job_id in load.acknowledged if str(job_id) not in started_ids]
+        missing = [job_id for job_id in load.snapshot() if str(job_id) not in started_ids]
         check(not missing, f"{len(missing)} acknowledged jobs never started: {missing[:3]}")
         print(f"  {total} acknowledged jobs ({load.refused} submissions refused or unanswered "
               "during faults), all ran once; the long job ran through every fault untouched")
