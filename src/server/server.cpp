@@ -399,8 +399,15 @@ void Server::Impl::IndexJobLocked(const JobRecord& job) {
   }
   pending_jobs.erase(job.id);
   active_jobs.erase(job.id);
+  // The desired state of each node the job leaves or joins is durable with the next commit: a
+  // change is committed in the same hold of the lock that made it.
+  const auto changed_on = [this](const std::string& node) {
+    if (auto it = nodes.find(node); it != nodes.end())
+      it->second.desired_commit = commits_queued + 1;
+  };
   if (auto indexed = indexed_nodes.find(job.id); indexed != indexed_nodes.end()) {
     for (const std::string& node : indexed->second) {
+      changed_on(node);
       auto on = active_on_node.find(node);
       on->second.erase(job.id);
       if (on->second.empty()) active_on_node.erase(on);
@@ -415,8 +422,10 @@ void Server::Impl::IndexJobLocked(const JobRecord& job) {
   } else if (IsActive(job.state)) {
     active_jobs.insert(job.id);
     std::vector<std::string> on = NodesOf(job);
-    for (const std::string& node : on)
+    for (const std::string& node : on) {
+      changed_on(node);
       active_on_node[node].insert(job.id);
+    }
     indexed_nodes.emplace(job.id, std::move(on));
   }
 }
@@ -660,7 +669,9 @@ void Server::Impl::RespondDesiredLocked(const std::string& node,
                                         std::vector<net::HttpResponder> responders) {
   if (responders.empty()) return;
   std::string body = json(DesiredLocked(node)).dump();
-  if (commits_settled.load() == commits_queued && !failed()) {
+  auto entry = nodes.find(node);
+  const uint64_t needed = entry != nodes.end() ? entry->second.desired_commit : commits_queued;
+  if (commits_settled.load() >= needed && !failed()) {
     for (net::HttpResponder& respond : responders)
       respond(net::HttpResponse::Json(200, body));
     return;

@@ -96,6 +96,9 @@ struct Server::Impl {
   struct NodeEntry {
     api::NodeRecord record;
     uint64_t version = 0;  // of the node's desired state
+    // The CommitLocked batch (counting from 1) that makes that state durable: a sync is answered
+    // at once when it has settled (RespondDesiredLocked).
+    uint64_t desired_commit = 0;
     SteadyTime last_seen;  // liveness on the steady clock; record.last_seen_ms is for people
     std::vector<Parked> parked;
     // What the agent's API wants of the server (from its syncs; memory only, never shown).
@@ -348,8 +351,7 @@ struct Server::Impl {
   int64_t in_flight = 0;
 
   std::atomic<bool> failed_{false};
-  // Batches CommitLocked queued (under mu) and those whose outcome is known: equal means memory
-  // holds nothing the store may yet lose.
+  // Batches CommitLocked queued (under mu) and those whose outcome is known, in order.
   uint64_t commits_queued = 0;
   std::atomic<uint64_t> commits_settled{0};
   mutable std::mutex fatal_mu;
