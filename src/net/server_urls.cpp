@@ -37,8 +37,11 @@ std::optional<ServerUrls> ServerUrls::Parse(std::string_view list, std::string& 
 
 namespace {
 
-bool IsStandby(const HttpResult& result) {
-  return result.ok() && result.response->Header(kServerRoleHeader) == "standby";
+// A standby, or a leader that is stopping: another server should be asked.
+bool PassesOver(const HttpResult& result) {
+  if (!result.ok()) return false;
+  const std::string role = result.response->Header(kServerRoleHeader);
+  return role == "standby" || role == "stopping";
 }
 
 // The redirect's target when it may be followed: a 307/308 to an http(s) URL that does not move
@@ -73,7 +76,7 @@ HttpResult ServerUrls::Call(std::string_view method, std::string_view path,
     if (auto location = RedirectTarget(result, url)) {
       result = HttpCall(method, *location, options);
       // The leader's base URL, when the redirect kept the path (a standby's do).
-      if (result.ok() && !IsStandby(result) && location->ends_with(path)) {
+      if (result.ok() && !PassesOver(result) && location->ends_with(path)) {
         const std::string leader = location->substr(0, location->size() - path.size());
         std::lock_guard lock(state_->mutex);
         auto known = std::find(state_->bases.begin(), state_->bases.end(), leader);
@@ -81,7 +84,7 @@ HttpResult ServerUrls::Call(std::string_view method, std::string_view path,
         if (known == state_->bases.end()) state_->bases.push_back(leader);
       }
     }
-    if (result.ok() && !IsStandby(result)) {
+    if (result.ok() && !PassesOver(result)) {
       if (answered != first) {
         std::lock_guard lock(state_->mutex);
         state_->current = answered;
@@ -89,7 +92,9 @@ HttpResult ServerUrls::Call(std::string_view method, std::string_view path,
       return result;
     }
     std::string why = result.error;
-    if (result.ok()) {
+    if (result.ok() && result.response->Header(kServerRoleHeader) == "stopping") {
+      why = fmt::format("stopping: {}", result.response->body.substr(0, 300));
+    } else if (result.ok()) {
       const std::string location = result.response->Header("Location");
       why = location.empty()
                 ? "a standby, and it knows no leader yet"

@@ -17,7 +17,9 @@
 
 namespace gpufleet::net {
 
-// Every answer of a standby server carries this header with the value "standby".
+// Every answer of a standby server carries this header with the value "standby", and every 503
+// of a leader on its way out (its store failed or its lease lapsed, or it is stopping) "stopping":
+// either way, ask another server.
 inline constexpr std::string_view kServerRoleHeader = "Gpufleet-Role";
 
 class ServerUrls {

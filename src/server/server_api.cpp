@@ -18,6 +18,7 @@
 #include "core/quantity.h"
 #include "net/http_client.h"
 #include "net/secrets.h"
+#include "net/server_urls.h"
 #include "sched/scheduler.h"
 #include "server/lifecycle.h"
 #include "server/server_impl.h"
@@ -30,8 +31,14 @@ net::HttpResponse JsonResponse(int status, const nlohmann::json& body) {
   return net::HttpResponse::Json(status, body.dump());
 }
 
+net::HttpResponse Stopping(const std::string& why) {
+  net::HttpResponse response = net::HttpResponse::Error(503, why);
+  response.headers.emplace_back(std::string(net::kServerRoleHeader), "stopping");
+  return response;
+}
+
 net::HttpResponse StoreFailed(const std::string& error) {
-  return net::HttpResponse::Error(503, "store failed: " + error);
+  return Stopping("store failed: " + error);  // a failed commit is fatal: this server stops
 }
 
 Server::Impl::CommitDone AnswerWhenDurable(net::HttpResponder respond, net::HttpResponse response) {
@@ -42,11 +49,11 @@ Server::Impl::CommitDone AnswerWhenDurable(net::HttpResponder respond, net::Http
 
 bool RefuseMutationLocked(Server::Impl& s, net::HttpResponder& respond) {
   if (s.failed()) {
-    respond(net::HttpResponse::Error(503, s.FatalMessage()));
+    respond(Stopping(s.FatalMessage()));
     return true;
   }
   if (s.stopping) {
-    respond(net::HttpResponse::Error(503, "the server is stopping"));
+    respond(Stopping("the server is stopping"));
     return true;
   }
   return false;
@@ -773,7 +780,7 @@ void Sync(Impl& s, const HttpRequest& request, const Caller&, HttpResponder resp
         fmt::format("node name must be 1-253 letters, digits, '-', '_' or '.', not '{}'", name)));
   ++s.agent_syncs;
   std::unique_lock lock(s.mu);
-  if (s.failed()) return respond(HttpResponse::Error(503, s.FatalMessage()));
+  if (s.failed()) return respond(Stopping(s.FatalMessage()));
   const TimeMs now = WallMs();
   auto [it, registered] = s.nodes.try_emplace(name);
   Impl::NodeEntry& node = it->second;
@@ -851,9 +858,9 @@ HttpResponse Healthz() {
 }
 
 HttpResponse Readyz(Impl& s) {
-  if (s.failed()) return HttpResponse::Error(503, s.FatalMessage());
+  if (s.failed()) return Stopping(s.FatalMessage());
   std::lock_guard lock(s.mu);
-  if (s.stopping) return HttpResponse::Error(503, "the server is stopping");
+  if (s.stopping) return Stopping("the server is stopping");
   if (!s.scheduler_running) return HttpResponse::Error(503, "the scheduling loop is not running");
   return HttpResponse::Json(200, R"({"status": "ready"})");
 }
@@ -1193,7 +1200,7 @@ void Server::Impl::AddRoutes() {
                     [this, roles, handler](HttpRequest request, HttpResponder respond) {
                       // Memory may hold what the store lost, or another server may lead now:
                       // no answer from it, reads included, so that clients move on.
-                      if (failed()) return respond(HttpResponse::Error(503, FatalMessage()));
+                      if (failed()) return respond(Stopping(FatalMessage()));
                       Authorized(*this, request, roles, handler, std::move(respond));
                     });
   };

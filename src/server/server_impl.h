@@ -368,7 +368,9 @@ struct Server::Impl {
 
 // ---- Route helpers (server_api.cpp) ----------------------------------------------------------
 net::HttpResponse JsonResponse(int status, const nlohmann::json& body);
-net::HttpResponse StoreFailed(const std::string& error);  // 503 "store failed: ..."
+// 503 with the role header "stopping" (net/server_urls.h): clients ask another server.
+net::HttpResponse Stopping(const std::string& why);
+net::HttpResponse StoreFailed(const std::string& error);  // Stopping("store failed: ...")
 // Answers `response` once the batch is durable, or 503 when the store failed.
 Server::Impl::CommitDone AnswerWhenDurable(net::HttpResponder respond, net::HttpResponse response);
 // 503 when the server cannot take changes now (failed store, stopping). Called with the lock held.

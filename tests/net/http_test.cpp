@@ -1029,6 +1029,27 @@ TEST(ServerUrls, FollowsAStandbysRedirectAndPassesOverAStandbyWithoutALeader) {
   result = only_lost->Call("GET", "/x", options);
   ASSERT_FALSE(result.ok());
   EXPECT_NE(result.error.find("a standby"), std::string::npos) << result.error;
+
+  // A leader on its way out (its store failed, its lease lapsed) is passed over too, and when
+  // it is the only one, its reason is the error.
+  auto stopping = StartServer([](const HttpRequest&) {
+    HttpResponse response = HttpResponse::Error(503, "store failed: disk full");
+    response.headers.emplace_back(std::string(kServerRoleHeader), "stopping");
+    return response;
+  });
+  auto after_stopping =
+      ServerUrls::Parse("http://" + stopping->address() + "," + leader_url, error);
+  ASSERT_TRUE(after_stopping) << error;
+  result = after_stopping->Call("GET", "/x", options);
+  ASSERT_TRUE(result.ok()) << result.error;
+  EXPECT_EQ(result.response->status, 200);
+  EXPECT_EQ(after_stopping->current(), leader_url);
+  auto only_stopping = ServerUrls::Parse("http://" + stopping->address(), error);
+  ASSERT_TRUE(only_stopping) << error;
+  result = only_stopping->Call("GET", "/x", options);
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(result.error.find("stopping: "), std::string::npos) << result.error;
+  EXPECT_NE(result.error.find("disk full"), std::string::npos) << result.error;
 }
 
 }  // namespace
