@@ -7,6 +7,7 @@ Under a steady submit load, one fault after another, each healed before the next
   - the leader killed with SIGKILL;
   - the leader cut off from all three etcd members (its supervisor, here the test, restarts it);
   - the leader cut off from both agents, for less than the node timeout;
+  - an agent running a 2-GPU job cut off from every server past the node timeout;
   - an etcd follower member killed and restarted, then etcd's leader member;
   - each etcd member in turn silent to the servers;
   - the leader's wall clock stepped an hour forward and back (libfaketime), then a standby's an
@@ -37,7 +38,8 @@ from e2e_testlib import (Process, SubmitLoad, api, check, kill_recorded_workload
 ETCD = "/usr/bin/etcd"
 FAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
 LEASE_S = 2
-NODE_TIMEOUT_S = 30
+NODE_TIMEOUT_S = 10
+HEARTBEAT_S = 2
 SUBNET = "10.231.0"
 CLONE_NEWNET = 0x40000000
 
@@ -277,7 +279,8 @@ class NetCluster:
                                                          if k.startswith(("LD_", "FAKETIME"))],
                           self.gpufleet, "server", "--data-dir", os.path.join(self.root, name),
                           "--listen", f"{address}:8080", "--store", self.store,
-                          "--etcd-lease", f"{LEASE_S}s", "--node-timeout", f"{NODE_TIMEOUT_S}s"],
+                          "--etcd-lease", f"{LEASE_S}s", "--node-timeout", f"{NODE_TIMEOUT_S}s",
+                          "--heartbeat", f"{HEARTBEAT_S}s"],
                          os.path.join(self.root, f"{name}.log"), name)
         self.servers[name] = server
         return server
@@ -439,7 +442,7 @@ def test_faults_across_a_network(gpufleet):
             leader = cluster.leader()
             started = time.monotonic()
             cluster.net.cut_off(leader, ("a1", "a2"))
-            time.sleep(8)
+            time.sleep(NODE_TIMEOUT_S / 2)
             check(cluster.leader() == leader, "leadership moved while only agents were cut off")
             cluster.net.cut_off(leader, ("a1", "a2"), heal=True)
 
@@ -448,8 +451,59 @@ def test_faults_across_a_network(gpufleet):
                 return status == 200 and all(
                     node["state"] == "ready" for node in body["nodes"]) and len(body["nodes"]) == 2
             wait_until(agents_ready, 30, "both agents syncing again")
-            settle("leader cut off from both agents for 8 s", started,
+            settle(f"leader cut off from both agents for {NODE_TIMEOUT_S / 2:g} s", started,
                    "leadership stayed; both nodes ready again")
+
+            # 3b. The other agent, running a 2-GPU job, cut off from every server for longer
+            # than the node timeout: the leader declares it lost and requeues the job (attempt
+            # 1, which fits nowhere else); once healed, the agent stops attempt 0 and runs 1.
+            status, long_now = api(cluster.url(), cluster.token, "GET",
+                                   f"/api/v1/jobs/{long_job['id']}")
+            other = next(a for a in ("a1", "a2") if a != long_now["tasks"][0]["node"])
+            wide_file = os.path.join(cluster.root, "wide.pids")
+            status, wide = api(cluster.url(), cluster.token, "POST", "/api/v1/jobs", {
+                "name": "wide", "gpus": 2,
+                "command": ["sh", "-c", f'{cluster.ledger_command()[2]}; '
+                            f'echo "$GPUFLEET_ATTEMPT $$" >> {wide_file}; exec sleep 600']})
+            check(status == 201, f"wide job: {status} {wide}")
+
+            def wide_pid(attempt):
+                try:
+                    with open(wide_file) as file:
+                        lines = [line.split() for line in file if line.strip()]
+                except OSError:
+                    return None
+                return next((int(pid) for at, pid in lines if int(at) == attempt), None)
+            first_pid = wait_until(lambda: wide_pid(0), 30, "the wide job to start")
+            servers = ("s1", "s2", "s3")
+            started = time.monotonic()
+            cluster.net.cut_off(other, servers)
+            for server in servers:
+                cluster.net.cut_off(server, (other,))
+
+            def node_state(name):
+                status, body = api(cluster.url(), cluster.token, "GET", "/api/v1/nodes")
+                return next((n["state"] for n in body.get("nodes", [])
+                             if n["report"]["name"] == name), None)
+            wait_until(lambda: node_state(other) == "lost", NODE_TIMEOUT_S + 15,
+                       f"{other} to be lost")
+            lost_after = time.monotonic() - started
+            status, requeued = api(cluster.url(), cluster.token, "GET", f"/api/v1/jobs/{wide['id']}")
+            check(requeued["attempt"] == 1 and requeued["state"] == "pending",
+                  f"the wide job once its node was lost: {requeued['state']} at attempt "
+                  f"{requeued['attempt']}")
+            check(os.path.exists(f"/proc/{first_pid}"),
+                  "the cut-off agent stopped attempt 0 before hearing from a server")
+            cluster.net.cut_off(other, servers, heal=True)
+            for server in servers:
+                cluster.net.cut_off(server, (other,), heal=True)
+            wait_until(lambda: node_state(other) == "ready", 30, f"{other} ready again")
+            wait_until(lambda: not os.path.exists(f"/proc/{first_pid}"), 30,
+                       "the agent to stop attempt 0")
+            wait_until(lambda: wide_pid(1), 30, "attempt 1 of the wide job to start")
+            settle(f"an agent running a 2-GPU job cut off from every server past the node timeout",
+                   started, f"lost after {lost_after:.1f} s; the job requeued at attempt 1, "
+                   "attempt 0 stopped by the agent once healed, attempt 1 ran there")
 
             # 4. etcd members restart: a follower, then the elected one.
             for which in ("follower", "leader"):
