@@ -474,7 +474,10 @@ def test_faults_across_a_network(gpufleet):
                 except OSError:
                     return None
                 return next((int(pid) for at, pid in lines if int(at) == attempt), None)
+            asked = time.monotonic()
             first_pid = wait_until(lambda: wide_pid(0), 30, "the wide job to start")
+            print(f"    the wide job started {time.monotonic() - asked:.1f} s after submission",
+                  flush=True)
             servers = ("s1", "s2", "s3")
             started = time.monotonic()
             cluster.net.cut_off(other, servers)
@@ -497,13 +500,18 @@ def test_faults_across_a_network(gpufleet):
             cluster.net.cut_off(other, servers, heal=True)
             for server in servers:
                 cluster.net.cut_off(server, (other,), heal=True)
+            healed = time.monotonic()
             wait_until(lambda: node_state(other) == "ready", 30, f"{other} ready again")
+            ready_after = time.monotonic() - healed
             wait_until(lambda: not os.path.exists(f"/proc/{first_pid}"), 30,
                        "the agent to stop attempt 0")
+            stopped_after = time.monotonic() - healed
             wait_until(lambda: wide_pid(1), 30, "attempt 1 of the wide job to start")
+            restarted_after = time.monotonic() - healed
             settle(f"an agent running a 2-GPU job cut off from every server past the node timeout",
-                   started, f"lost after {lost_after:.1f} s; the job requeued at attempt 1, "
-                   "attempt 0 stopped by the agent once healed, attempt 1 ran there")
+                   started, f"lost after {lost_after:.1f} s; the job requeued at attempt 1; "
+                   f"once healed: ready after {ready_after:.1f} s, attempt 0 stopped after "
+                   f"{stopped_after:.1f} s, attempt 1 started after {restarted_after:.1f} s")
 
             # 4. etcd members restart: a follower, then the elected one.
             for which in ("follower", "leader"):
