@@ -37,7 +37,7 @@ from e2e_testlib import (Process, SubmitLoad, api, check, kill_recorded_workload
 
 ETCD = "/usr/bin/etcd"
 FAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
-LEASE_S = 2
+LEASE_S = 3  # the default --etcd-lease
 NODE_TIMEOUT_S = 10
 HEARTBEAT_S = 2
 SUBNET = "10.231.0"
