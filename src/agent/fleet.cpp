@@ -206,7 +206,7 @@ struct Fleet::State : std::enable_shared_from_this<Fleet::State> {
         // the leader: try the next one. The fleet is given every server, so it does not follow
         // redirects.
         if (!result.ok() || result.response->status == 503 ||
-            result.response->Header(net::kServerRoleHeader) == "standby")
+            net::AnotherServerShouldAnswer(result))
           node.server = (node.server + 1) % servers.size();
       }
     }

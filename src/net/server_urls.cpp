@@ -35,14 +35,13 @@ std::optional<ServerUrls> ServerUrls::Parse(std::string_view list, std::string& 
   return ServerUrls(std::move(state));
 }
 
-namespace {
-
-// A standby, or a leader that is stopping: another server should be asked.
-bool PassesOver(const HttpResult& result) {
+bool AnotherServerShouldAnswer(const HttpResult& result) {
   if (!result.ok()) return false;
   const std::string role = result.response->Header(kServerRoleHeader);
   return role == "standby" || role == "stopping";
 }
+
+namespace {
 
 // The redirect's target when it may be followed: a 307/308 to an http(s) URL that does not move
 // from https to http (the call carries a token).
@@ -76,7 +75,7 @@ HttpResult ServerUrls::Call(std::string_view method, std::string_view path,
     if (auto location = RedirectTarget(result, url)) {
       result = HttpCall(method, *location, options);
       // The leader's base URL, when the redirect kept the path (a standby's do).
-      if (result.ok() && !PassesOver(result) && location->ends_with(path)) {
+      if (result.ok() && !AnotherServerShouldAnswer(result) && location->ends_with(path)) {
         const std::string leader = location->substr(0, location->size() - path.size());
         std::lock_guard lock(state_->mutex);
         auto known = std::find(state_->bases.begin(), state_->bases.end(), leader);
@@ -84,7 +83,7 @@ HttpResult ServerUrls::Call(std::string_view method, std::string_view path,
         if (known == state_->bases.end()) state_->bases.push_back(leader);
       }
     }
-    if (result.ok() && !PassesOver(result)) {
+    if (result.ok() && !AnotherServerShouldAnswer(result)) {
       if (answered != first) {
         std::lock_guard lock(state_->mutex);
         state_->current = answered;

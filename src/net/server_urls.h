@@ -22,6 +22,9 @@ namespace gpufleet::net {
 // either way, ask another server.
 inline constexpr std::string_view kServerRoleHeader = "Gpufleet-Role";
 
+// True for an answer of a standby or of a server that is stopping: another server should answer.
+bool AnotherServerShouldAnswer(const HttpResult& result);
+
 class ServerUrls {
  public:
   // "http://a:8080" or a comma-separated list; trailing slashes dropped. Nothing, with `error`
@@ -29,8 +32,8 @@ class ServerUrls {
   static std::optional<ServerUrls> Parse(std::string_view list, std::string& error);
 
   // `method` on `path` ("/api/v1/agents/sync") of the current server, then of each other in
-  // turn while none can be reached or a standby answers (any other HTTP answer, 4xx and 5xx
-  // too, ends the search). A redirect (307, 308) to a URL of the same scheme, or from http to
+  // turn while none can be reached or AnotherServerShouldAnswer (any other HTTP answer, 4xx and
+  // 5xx too, ends the search). A redirect (307, 308) to a URL of the same scheme, or from http to
   // https, is followed once, with the same method, body and headers; the server it led to is
   // added to the list and becomes the current one. The error names every server tried.
   HttpResult Call(std::string_view method, std::string_view path,

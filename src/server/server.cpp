@@ -668,17 +668,17 @@ api::SyncResponse Server::Impl::DesiredLocked(const std::string& node) const {
 void Server::Impl::RespondDesiredLocked(const std::string& node,
                                         std::vector<net::HttpResponder> responders) {
   if (responders.empty()) return;
-  std::string body = json(DesiredLocked(node)).dump();
-  auto entry = nodes.find(node);
-  const uint64_t needed = entry != nodes.end() ? entry->second.desired_commit : commits_queued;
-  if (commits_settled.load() >= needed && !failed()) {
-    for (net::HttpResponder& respond : responders)
-      respond(net::HttpResponse::Json(200, body));
-    return;
-  }
   if (failed()) {
     for (net::HttpResponder& respond : responders)
       respond(StoreFailed(FatalMessage()));
+    return;
+  }
+  std::string body = json(DesiredLocked(node)).dump();
+  auto entry = nodes.find(node);
+  const uint64_t needed = entry != nodes.end() ? entry->second.desired_commit : commits_queued;
+  if (commits_settled.load() >= needed) {
+    for (net::HttpResponder& respond : responders)
+      respond(net::HttpResponse::Json(200, body));
     return;
   }
   // An empty batch settles after every batch queued before it, so after all `body` reflects.
@@ -690,7 +690,7 @@ void Server::Impl::RespondDesiredLocked(const std::string& node,
     });
   } catch (const std::logic_error&) {  // the committer is shutting down: this server is stopping
     for (net::HttpResponder& respond : *answer)
-      respond(net::HttpResponse::Error(503, "the server is stopping"));
+      respond(Stopping("the server is stopping"));
   }
 }
 

@@ -85,8 +85,7 @@ class EtcdStore final : public Store {
           "etcd: this server's lease on '{}' expired (etcd said so when it was renewed): another "
           "server may hold the lock now",
           options_.key_prefix);
-    const int64_t until = lease_valid_until_.load();  // 0: no lease yet (opening)
-    if (until != 0 && std::chrono::steady_clock::now().time_since_epoch().count() > until)
+    if (const auto left = LeaseLeft(); left && *left < std::chrono::steady_clock::duration::zero())
       return fmt::format(
           "etcd: this server's lease on '{}' was not renewed for {} s (etcd out of reach, or this "
           "process stalled): "
@@ -259,7 +258,8 @@ class EtcdStore final : public Store {
         // proto3's JSON leaves out a TTL of 0: the lease had expired before etcd saw this.
         const json result = answer.value("result", json::object());
         if (result.contains("header")) {
-          if (Int64Text(result, "TTL").empty() || Int64Text(result, "TTL") == "0")
+          const std::string ttl = Int64Text(result, "TTL");
+          if (ttl.empty() || ttl == "0")
             lease_expired_ = true;
           else
             ExtendLease(asked);
@@ -283,12 +283,19 @@ class EtcdStore final : public Store {
   // lease surely lasts: a commit answered after that may have been fenced off, and a server
   // whose store is lost should stop within a TTL, not after a timeout per member.
   std::chrono::milliseconds MemberTimeout() const {
+    const auto left = LeaseLeft();
+    if (!left) return kRequestTimeout;
+    return std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(*left),
+                      kMinMemberTimeout, std::chrono::milliseconds(kRequestTimeout));
+  }
+
+  // How much longer the lease surely holds (negative once it may have run out); nothing before
+  // the lock is taken.
+  std::optional<std::chrono::steady_clock::duration> LeaseLeft() const {
     const int64_t until = lease_valid_until_.load();
-    if (until == 0) return kRequestTimeout;
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        std::chrono::steady_clock::duration(until) -
-        std::chrono::steady_clock::now().time_since_epoch());
-    return std::clamp(left, kMinMemberTimeout, std::chrono::milliseconds(kRequestTimeout));
+    if (until == 0) return std::nullopt;
+    return std::chrono::steady_clock::duration(until) -
+           std::chrono::steady_clock::now().time_since_epoch();
   }
 
   // Posts `body` to each member in turn, starting with the one that answered last, until one
@@ -304,9 +311,11 @@ class EtcdStore final : public Store {
     }
     for (size_t n = 0; n < options_.endpoints.size(); ++n) {
       const size_t i = (first + n) % options_.endpoints.size();
-      if (n > 0 && Lost()) {
-        failures.push_back(*Lost());
-        break;
+      if (n > 0) {
+        if (auto lost = Lost()) {
+          failures.push_back(std::move(*lost));
+          break;
+        }
       }
       Answer answer = CallOne(i, path, body, timeout ? *timeout : MemberTimeout());
       if (answer.body) {

@@ -22,6 +22,7 @@ connects and calls time out, as across a broken switch).
 
 Usage: ha_netns_e2e_test.py path/to/gpufleet"""
 
+import collections
 import ctypes
 import json
 import os
@@ -360,8 +361,7 @@ def check_invariants(cluster, load, long_job, long_pid, fault):
           f"{len(jobs)} listed, ids up to {max(ids)}")
     with open(cluster.ledger) as file:
         starts = [line.split() for line in file if line.strip()]
-    pairs = [tuple(start) for start in starts]
-    twice = {pair for pair in pairs if pairs.count(pair) > 1} if len(pairs) < 20000 else set()
+    twice = {pair for pair, n in collections.Counter(map(tuple, starts)).items() if n > 1}
     check(not twice, f"{fault}: jobs started twice at one attempt: {sorted(twice)[:3]}")
     long = by_id[long_job]
     check(long["state"] == "running" and long["attempt"] == 0,
