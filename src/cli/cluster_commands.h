@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -51,6 +52,9 @@ struct ClusterArgs {
   CLI::App* usage = nullptr;
 };
 
+// The top-level commands AddClusterCommands adds.
+inline constexpr std::string_view kClusterCommandNames[] = {"nodes",  "queues", "top",  "token",
+                                                            "whoami", "usage",  "audit"};
 void AddClusterCommands(CLI::App& app, ClusterArgs& args);
 // The exit code of the cluster verb that was given; nothing when none was.
 std::optional<int> RunClusterCommands(const ClusterArgs& args);

@@ -5,6 +5,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -35,6 +36,9 @@ struct DeploymentArgs {
   CLI::App* delete_top_command = nullptr;  // delete NAME
 };
 
+// The top-level commands AddDeploymentCommands adds.
+inline constexpr std::string_view kDeploymentCommandNames[] = {"deploy", "deployments",
+                                                               "deployment", "scale", "delete"};
 void AddDeploymentCommands(CLI::App& app, DeploymentArgs& args);
 // The exit code of the deployment verb that was given; nothing when none was.
 std::optional<int> RunDeploymentCommands(const DeploymentArgs& args);

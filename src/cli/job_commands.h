@@ -95,6 +95,8 @@ struct JobArgs {
   CLI::App* cancel_command = nullptr;
 };
 
+// The top-level commands AddJobCommands adds, so that a run builds only the group it uses.
+inline constexpr std::string_view kJobCommandNames[] = {"submit", "jobs", "job", "logs", "cancel"};
 void AddJobCommands(CLI::App& app, JobArgs& args);
 // The exit code of the job verb that was given; nothing when none was.
 std::optional<int> RunJobCommands(const JobArgs& args);

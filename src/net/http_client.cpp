@@ -252,16 +252,24 @@ struct Exchange : std::enable_shared_from_this<Exchange> {
     });
     // One deadline for the whole exchange; the stream's timer fails whatever is pending then.
     tcp_layer().expires_after(options.timeout);
+    // An address needs no resolver: Asio resolves on a thread of its own, which a one-call
+    // process (every CLI verb) would start only for this.
+    beast::error_code not_an_address;
+    const asio::ip::address address = asio::ip::make_address(url->host, not_an_address);
+    if (!not_an_address) return Connect({tcp::endpoint(address, url->port)});
     resolver.async_resolve(
         url->host, std::to_string(url->port),
-        [self](beast::error_code resolve_error, const tcp::resolver::results_type& endpoints) {
+        [self](beast::error_code resolve_error, const tcp::resolver::results_type& results) {
           if (self->done) return;
           if (resolve_error) return self->Failed("resolve", resolve_error);
+          std::vector<tcp::endpoint> endpoints;
+          for (const auto& entry : results)
+            endpoints.push_back(entry.endpoint());
           self->Connect(endpoints);
         });
   }
 
-  void Connect(const tcp::resolver::results_type& endpoints) {
+  void Connect(const std::vector<tcp::endpoint>& endpoints) {
     auto self = shared_from_this();
     auto connected = [self](beast::error_code connect_error) {
       if (self->done) return;
@@ -290,14 +298,13 @@ struct Exchange : std::enable_shared_from_this<Exchange> {
     beast::error_code code;
     const asio::ip::address local = asio::ip::make_address(options.local_address, code);
     if (code) return Fail(fmt::format("{}: bad local address '{}'", what, options.local_address));
-    for (const auto& entry : endpoints) {
-      if (entry.endpoint().address().is_v4() != local.is_v4()) continue;
+    for (const tcp::endpoint& endpoint : endpoints) {
+      if (endpoint.address().is_v4() != local.is_v4()) continue;
       tcp::socket& socket = tcp_layer().socket();
-      if (socket.open(entry.endpoint().protocol(), code); !code)
-        socket.bind(tcp::endpoint(local, 0), code);
+      if (socket.open(endpoint.protocol(), code); !code) socket.bind(tcp::endpoint(local, 0), code);
       if (code)
         return Fail(fmt::format("{}: bind to {}: {}", what, options.local_address, code.message()));
-      tcp_layer().async_connect(entry.endpoint(), connected);
+      tcp_layer().async_connect(endpoint, connected);
       return;
     }
     Fail(fmt::format("{}: no server address of the local address {}'s family", what,

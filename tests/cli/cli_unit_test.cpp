@@ -44,6 +44,28 @@ class TempDir {
   fs::path path_;
 };
 
+// ---- Command groups ------------------------------------------------------------------------
+
+// main builds only the group whose names hold argv[1]: a name missing from the list would still
+// work (all groups are built then), but a listed name the group does not add would not.
+template <typename Args, typename Names>
+std::vector<std::string> AddedNames(void (*add)(CLI::App&, Args&), const Names& names) {
+  CLI::App app;
+  Args args;
+  add(app, args);
+  std::vector<std::string> added;
+  for (const CLI::App* command : app.get_subcommands({}))
+    added.push_back(command->get_name());
+  EXPECT_EQ(added, std::vector<std::string>(std::begin(names), std::end(names)));
+  return added;
+}
+
+TEST(CommandGroups, EachGroupAddsExactlyTheNamesMainLooksFor) {
+  EXPECT_EQ(AddedNames(&AddJobCommands, kJobCommandNames).size(), 5u);
+  EXPECT_EQ(AddedNames(&AddClusterCommands, kClusterCommandNames).size(), 7u);
+  EXPECT_EQ(AddedNames(&AddDeploymentCommands, kDeploymentCommandNames).size(), 5u);
+}
+
 // ---- YAML job files -------------------------------------------------------------------------
 
 TEST(JobFile, GoodFileBecomesTheApiJob) {
