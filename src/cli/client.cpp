@@ -146,20 +146,10 @@ std::optional<ClientConfig> ResolveConfig(const ConfigSources& sources, std::str
   config.ca_file = sources.env_ca_file;
   // "127.0.0.1:8080" is what people paste; the scheme is the only one there is. A list of
   // servers (a leader and its standbys, docs/ha.md) is normalised one by one.
-  std::string servers;
-  size_t start = 0;
-  while (true) {
-    const size_t comma = config.server.find(',', start);
-    std::string server =
-        config.server.substr(start, comma == std::string::npos ? comma : comma - start);
+  std::vector<std::string> servers = net::SplitServerList(config.server);
+  for (std::string& server : servers)
     if (!server.empty() && server.find("://") == std::string::npos) server = "http://" + server;
-    while (server.size() > 1 && server.back() == '/')
-      server.pop_back();
-    servers += (start == 0 ? "" : ",") + server;
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  config.server = std::move(servers);
+  config.server = fmt::format("{}", fmt::join(servers, ","));
   return config;
 }
 

@@ -13,15 +13,24 @@ struct ServerUrls::State {
   size_t current = 0;
 };
 
+std::vector<std::string> SplitServerList(std::string_view list) {
+  std::vector<std::string> entries;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = list.find(',', start);
+    std::string entry(list.substr(
+        start, comma == std::string_view::npos ? std::string_view::npos : comma - start));
+    while (!entry.empty() && entry.back() == '/')
+      entry.pop_back();
+    entries.push_back(std::move(entry));
+    if (comma == std::string_view::npos) return entries;
+    start = comma + 1;
+  }
+}
+
 std::optional<ServerUrls> ServerUrls::Parse(std::string_view list, std::string& error) {
   auto state = std::make_shared<State>();
-  size_t start = 0;
-  while (start <= list.size()) {
-    const size_t comma = list.find(',', start);
-    std::string base(list.substr(
-        start, comma == std::string_view::npos ? std::string_view::npos : comma - start));
-    while (!base.empty() && base.back() == '/')
-      base.pop_back();
+  for (std::string& base : SplitServerList(list)) {
     std::string why;
     if (base.empty() || !ParseHttpUrl(base, why)) {
       error = base.empty() ? fmt::format("'{}': an empty server URL in the list", list)
@@ -29,8 +38,6 @@ std::optional<ServerUrls> ServerUrls::Parse(std::string_view list, std::string& 
       return std::nullopt;
     }
     state->bases.push_back(std::move(base));
-    if (comma == std::string_view::npos) break;
-    start = comma + 1;
   }
   return ServerUrls(std::move(state));
 }

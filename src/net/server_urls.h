@@ -25,6 +25,10 @@ inline constexpr std::string_view kServerRoleHeader = "Gpufleet-Role";
 // True for an answer of a standby or of a server that is stopping: another server should answer.
 bool AnotherServerShouldAnswer(const HttpResult& result);
 
+// The entries of a comma-separated server list, each without trailing slashes; empty entries
+// are kept, for the caller to refuse.
+std::vector<std::string> SplitServerList(std::string_view list);
+
 class ServerUrls {
  public:
   // "http://a:8080" or a comma-separated list; trailing slashes dropped. Nothing, with `error`

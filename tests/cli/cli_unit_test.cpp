@@ -366,6 +366,18 @@ TEST(Config, EachFieldFallsThroughOnItsOwn) {
   EXPECT_EQ(config->token, "project-token");
 }
 
+TEST(Config, EachServerOfAListIsNormalisedAndAnEmptyOneIsKeptForTheClientToRefuse) {
+  TempDir dir;
+  ConfigSources sources;
+  sources.cwd = dir.path();
+  sources.flag_server = "127.0.0.1:8080/,https://b:9443//,,c:1";
+  sources.flag_token = "t";
+  std::string error;
+  auto config = ResolveConfig(sources, error);
+  ASSERT_TRUE(config) << error;
+  EXPECT_EQ(config->server, "http://127.0.0.1:8080,https://b:9443,,http://c:1");
+}
+
 TEST(Config, DefaultsAndMissingToken) {
   TempDir dir;
   ConfigSources sources;
