@@ -480,7 +480,9 @@ int RunServer(const ServerArgs& args) {
       standby_http.port = options->port;
       standby_http.tls_cert_file = options->tls_cert_file;
       standby_http.tls_key_file = options->tls_key_file;
-      standby_http.max_body_bytes = 64 << 10;  // nothing is read; redirects carry no body
+      // The leader's body limit, not less: an agent's sync (its report) that a standby refused
+      // with 413 would be an answer, and the agent would never go on to the leader.
+      standby_http.max_body_bytes = net::HttpServerOptions{}.max_body_bytes;
       standby_http.stop_timeout = std::chrono::milliseconds(200);
       *held = WaitForEtcdLock(*etcd, standby_http, stop_signals, stopped);
     } catch (const store::StoreError& error) {

@@ -119,6 +119,14 @@ def test_standby_takes_over_after_kill9_with_every_acknowledged_job(gpufleet):
         health = json.loads(text)
         check(status == 503 and health["role"] == "standby"
               and health["leader_url"] == f"http://127.0.0.1:{port_a}", f"standby: {health}")
+        # An agent's sync carries its report (up to 1,000 finished workloads): a standby must
+        # answer it as a standby, whatever its size, or the agent never moves on to the leader.
+        big_report = {"node": {"name": "n"}, "workloads": [{"id": f"w{i}", "state": "exited",
+                                                             "detail": "x" * 200}
+                                                            for i in range(1000)]}
+        status, text = http("POST", f"http://127.0.0.1:{port_b}/api/v1/agents/sync", big_report)
+        check(status in (307, 503) and "413" not in text,
+              f"a standby given a large sync: {status} {text[:200]}")
         via_standby = dict(os.environ, GPUFLEET_SERVER=f"127.0.0.1:{port_b}", GPUFLEET_TOKEN=token)
         submitted = subprocess.run([gpufleet, "submit", "--name", "via-standby", "--", "true"],
                                    capture_output=True, text=True, timeout=30, cwd=cluster.root,
