@@ -1016,40 +1016,31 @@ TEST(ServerUrls, FollowsAStandbysRedirectAndPassesOverAStandbyWithoutALeader) {
   servers->Call("GET", "/again", options);
   EXPECT_EQ(standby_calls, 1);  // straight to the leader now
 
-  // The standby without a leader comes first: the call moves on to the next server.
-  auto listed = ServerUrls::Parse("http://" + lost->address() + "," + leader_url, error);
-  ASSERT_TRUE(listed) << error;
-  result = listed->Call("GET", "/x", options);
-  ASSERT_TRUE(result.ok()) << result.error;
-  EXPECT_EQ(result.response->status, 200);
-  EXPECT_EQ(listed->current(), leader_url);
-  // Only standbys: the error says so.
-  auto only_lost = ServerUrls::Parse("http://" + lost->address(), error);
-  ASSERT_TRUE(only_lost) << error;
-  result = only_lost->Call("GET", "/x", options);
-  ASSERT_FALSE(result.ok());
-  EXPECT_NE(result.error.find("a standby"), std::string::npos) << result.error;
-
-  // A leader on its way out (its store failed, its lease lapsed) is passed over too, and when
-  // it is the only one, its reason is the error.
+  // A server that should not answer comes first: the call moves on to the next server; when it
+  // is the only one, the error says why (each of `says`).
+  const auto passed_over = [&](const std::string& address, std::vector<std::string> says) {
+    auto listed = ServerUrls::Parse("http://" + address + "," + leader_url, error);
+    ASSERT_TRUE(listed) << error;
+    HttpResult answer = listed->Call("GET", "/x", options);
+    ASSERT_TRUE(answer.ok()) << answer.error;
+    EXPECT_EQ(answer.response->status, 200);
+    EXPECT_EQ(listed->current(), leader_url);
+    auto alone = ServerUrls::Parse("http://" + address, error);
+    ASSERT_TRUE(alone) << error;
+    answer = alone->Call("GET", "/x", options);
+    ASSERT_FALSE(answer.ok());
+    for (const std::string& reason : says)
+      EXPECT_NE(answer.error.find(reason), std::string::npos) << answer.error;
+  };
+  // The standby without a leader.
+  passed_over(lost->address(), {"a standby"});
+  // A leader on its way out (its store failed, its lease lapsed).
   auto stopping = StartServer([](const HttpRequest&) {
     HttpResponse response = HttpResponse::Error(503, "store failed: disk full");
     response.headers.emplace_back(std::string(kServerRoleHeader), "stopping");
     return response;
   });
-  auto after_stopping =
-      ServerUrls::Parse("http://" + stopping->address() + "," + leader_url, error);
-  ASSERT_TRUE(after_stopping) << error;
-  result = after_stopping->Call("GET", "/x", options);
-  ASSERT_TRUE(result.ok()) << result.error;
-  EXPECT_EQ(result.response->status, 200);
-  EXPECT_EQ(after_stopping->current(), leader_url);
-  auto only_stopping = ServerUrls::Parse("http://" + stopping->address(), error);
-  ASSERT_TRUE(only_stopping) << error;
-  result = only_stopping->Call("GET", "/x", options);
-  ASSERT_FALSE(result.ok());
-  EXPECT_NE(result.error.find("stopping: "), std::string::npos) << result.error;
-  EXPECT_NE(result.error.find("disk full"), std::string::npos) << result.error;
+  passed_over(stopping->address(), {"stopping: ", "disk full"});
 }
 
 }  // namespace
