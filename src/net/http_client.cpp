@@ -17,6 +17,7 @@
 #include <boost/asio/ssl/context.hpp>
 #include <boost/asio/ssl/error.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl/ssl_stream.hpp>
@@ -182,16 +183,22 @@ HttpResult ResultOf(http::response_parser<http::string_body>& parser) {
 
 // One call in flight: everything its handlers touch, owned by them through a shared_ptr so that
 // the async client can have thousands at once. `finish` runs exactly once.
+// One call. Its handlers (deadline, resolve, connect, send, receive) run on one strand: on a
+// client with several threads the deadline would otherwise fire on one thread while the answer
+// is read on another, and both would finish the call (the second with a moved-from callback).
 struct Exchange : std::enable_shared_from_this<Exchange> {
+  using Strand = asio::strand<asio::io_context::executor_type>;
   Exchange(asio::io_context& ioc, HttpCallOptions call_options,
            std::function<void(HttpResult)> callback)
       : options(std::move(call_options)),
-        resolver(ioc),
-        plain(ioc),
-        deadline(ioc),
+        strand(asio::make_strand(ioc)),
+        resolver(strand),
+        plain(strand),
+        deadline(strand),
         on_done(std::move(callback)) {}
 
   HttpCallOptions options;
+  Strand strand;
   std::string what;  // "POST http://...": the start of every error
   std::optional<HttpUrl> url;
   std::optional<ssl::context> tls_context;
@@ -362,7 +369,7 @@ void AsyncHttpClient::Call(std::string_view method, std::string_view url, HttpCa
                            Done done) {
   auto exchange = std::make_shared<Exchange>(impl_->ioc, std::move(options), std::move(done));
   // On an io thread, so that a call that fails at once does not run `done` on the caller's.
-  asio::post(impl_->ioc, [exchange, method = std::string(method), url = std::string(url)] {
+  asio::post(exchange->strand, [exchange, method = std::string(method), url = std::string(url)] {
     exchange->Start(method, url);
   });
 }

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <future>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -546,6 +547,61 @@ TEST(HttpClient, ReportsRefusedConnectionsAndBadUrls) {
   EXPECT_EQ(ftp.error, "'ftp://127.0.0.1/' is not an http:// or https:// URL");
   HttpResult bad_port = HttpGet("http://127.0.0.1:99999/");
   EXPECT_EQ(bad_port.error, "'http://127.0.0.1:99999/': bad port '99999'");
+}
+
+TEST(AsyncHttpClient, FinishesEachCallOnceWhenAnswersRaceTheirDeadlines) {
+  // Answers arrive around each call's deadline while four threads run the client's handlers: a
+  // call whose deadline and answer are handled on two threads at once would finish twice (and
+  // call a moved-from callback) or be torn down under its own read. Each call finishes once.
+  constexpr int kCalls = 600;
+  std::atomic<int> dispatched{0}, answered{0};
+  Router router;
+  router.AddAsync("GET", "/late", [&](HttpRequest request, HttpResponder respond) {
+    ++dispatched;
+    const int delay_ms = std::atoi(request.target.substr(request.target.find('=') + 1).c_str());
+    std::thread([respond = std::move(respond), delay_ms, &answered]() mutable {
+      std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+      respond(HttpResponse::Text(200, "late"));
+      ++answered;
+    }).detach();
+  });
+  auto started = HttpServer::Start({}, [&router](HttpRequest request, HttpResponder respond) {
+    router.Dispatch(std::move(request), std::move(respond));
+  });
+  ASSERT_TRUE(started.server) << started.error;
+  HttpServer& server = *started.server;
+
+  std::mutex mutex;
+  std::condition_variable all_done;
+  std::map<int, int> finishes;  // call -> how often its callback ran
+  int ok = 0;
+  {
+    AsyncHttpClient client(4);
+    for (int i = 0; i < kCalls; ++i) {
+      HttpCallOptions call;
+      call.timeout = 40ms;
+      // 30..150 ms: before the stream's timer, around it, and around the deadline after it.
+      const int delay_ms = 30 + i % 121;
+      client.Call("GET", Url(server, "/late?ms=" + std::to_string(delay_ms)), call,
+                  [&, i](HttpResult result) {
+                    std::lock_guard lock(mutex);
+                    ++finishes[i];
+                    if (result.ok()) ++ok;
+                    all_done.notify_all();
+                  });
+    }
+    std::unique_lock lock(mutex);
+    ASSERT_TRUE(all_done.wait_for(lock, 30s, [&] { return finishes.size() == kCalls; }));
+    lock.unlock();
+    std::this_thread::sleep_for(300ms);  // room for a second finish of any call
+  }
+  for (const auto& [call, count] : finishes)
+    EXPECT_EQ(count, 1) << "call " << call;
+  RecordProperty("answered_in_time", ok);  // how many beat the deadline: varies with the load
+  // The answering threads hold `answered` and the server: both outlive them. (A call given up
+  // before the server read it was never dispatched.)
+  while (answered < dispatched)
+    std::this_thread::sleep_for(10ms);
 }
 
 TEST(AsyncHttpClient, HoldsManyCallsAtOnceFromChosenSourceAddresses) {
