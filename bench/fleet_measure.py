@@ -118,15 +118,66 @@ def ready_nodes(cluster, prefix):
                if n["report"]["name"].startswith(prefix) and n["state"] == "ready")
 
 
-def sync_count(cluster):
+def metric(cluster, name):
     with urllib.request.urlopen(urllib.request.Request(
             cluster.url + "/metrics", headers={"Authorization": f"Bearer {cluster.admin_token}"}),
             timeout=60) as response:
         text = response.read().decode()
     for line in text.splitlines():
-        if line.startswith("gpufleet_agent_syncs_total "):
+        if line.startswith(name + " "):
             return float(line.split()[1])
-    raise RuntimeError("no gpufleet_agent_syncs_total in /metrics")
+    raise RuntimeError(f"no {name} in /metrics")
+
+
+def sync_count(cluster):
+    return metric(cluster, "gpufleet_agent_syncs_total")
+
+
+def node_states(cluster):
+    with urllib.request.urlopen(urllib.request.Request(
+            cluster.url + "/metrics", headers={"Authorization": f"Bearer {cluster.admin_token}"}),
+            timeout=60) as response:
+        text = response.read().decode()
+    states = {}
+    for line in text.splitlines():
+        if line.startswith("gpufleet_nodes{state="):
+            states[line.split('"')[1]] = int(float(line.split()[1]))
+    return states
+
+
+def watch(cluster, processes, every, stop):
+    """--watch: a line every `every` s with node states, cycles and each process's CPU."""
+    pids = {name: process.pid for name, process in processes.items()}
+    pids["harness"] = os.getpid()
+    last = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    last_cycles, last_t = cycles(cluster), time.monotonic()
+    while not stop.wait(every):
+        try:
+            now_cycles, now_t = cycles(cluster), time.monotonic()
+            cpu = {name: cpu_seconds(pid) for name, pid in pids.items()}
+            span = now_t - last_t
+            usage = ", ".join(f"{name} {100 * (cpu[name] - last[name]) / span:.0f} %"
+                              for name in pids)
+            exited = [f"{name} exited ({process.returncode})"
+                      for name, process in processes.items() if process.poll() is not None]
+            if exited:
+                usage += "; " + ", ".join(exited)
+            print(f"  watch: nodes {node_states(cluster)}, "
+                  f"{cycle_figures(last_cycles, now_cycles)}, CPU {usage}", flush=True)
+            last, last_cycles, last_t = cpu, now_cycles, now_t
+        except (OSError, RuntimeError) as error:
+            print(f"  watch: {error}", flush=True)
+
+
+def cycles(cluster):
+    """(count, seconds) of the server's scheduling cycles so far."""
+    return (metric(cluster, "gpufleet_scheduler_cycle_seconds_count"),
+            metric(cluster, "gpufleet_scheduler_cycle_seconds_sum"))
+
+
+def cycle_figures(before, after):
+    count, seconds = after[0] - before[0], after[1] - before[1]
+    return f"{count:.0f} cycles of {1000 * seconds / max(count, 1):.0f} ms on average"
 
 
 def main():
@@ -140,6 +191,8 @@ def main():
     parser.add_argument("--probes", type=int, default=50)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--seed", type=int, default=14)
+    parser.add_argument("--watch", type=float, default=0,
+                        help="print node states, cycles and CPU every this many seconds")
     args = parser.parse_args()
     gpufleet = os.path.abspath(args.gpufleet)
     rng = random.Random(args.seed)
@@ -164,6 +217,11 @@ def main():
         wait_until(lambda: ready_nodes(cluster, "fleet-") == args.nodes, 120 + 2 * spread,
                    f"{args.nodes} fleet nodes ready")
         wait_until(lambda: ready_nodes(cluster, "probe-") == 8, 60, "8 probe nodes ready")
+        if args.watch > 0:
+            stop_watch = threading.Event()
+            threading.Thread(target=watch, daemon=True, args=(
+                cluster, {"server": server.process, "fleet": fleet.process},
+                args.watch, stop_watch)).start()
         print(f"register: {args.nodes} nodes x {args.gpus} GPUs ready after "
               f"{time.monotonic() - started:.1f} s (started over {spread} s)", flush=True)
 
@@ -197,7 +255,7 @@ def main():
 
         if args.queued <= 0:
             return
-        cpu0, t0 = cpu_seconds(pid), time.monotonic()
+        cpu0, t0, cycles0 = cpu_seconds(pid), time.monotonic(), cycles(cluster)
         submitted = 0
         while True:
             pending, running = queue_counts(cluster)
@@ -207,10 +265,10 @@ def main():
             submitted += len(submit_many(submitter, batch, args.clients))
         t_queued = time.monotonic()
         print(f"queued: {submitted} more jobs submitted at {submitted / (t_queued - t0):.0f}/s; "
-              f"{pending} pending, {running} running, server RSS {rss_mib(pid):.0f} MiB",
-              flush=True)
+              f"{pending} pending, {running} running, server RSS {rss_mib(pid):.0f} MiB, "
+              f"{cycle_figures(cycles0, cycles(cluster))}", flush=True)
         latencies = []
-        cpu0, t0 = cpu_seconds(pid), time.monotonic()
+        cpu0, t0, cycles0 = cpu_seconds(pid), time.monotonic(), cycles(cluster)
         for i in range(args.probes):
             job_id = submitter.submit({"name": "probe", "command": ["sleep", "1"], "gpus": 1,
                                        "priority": 1000,
@@ -223,7 +281,8 @@ def main():
               f"{statistics.median(latencies):.0f} ms p99 {percentile(latencies, 0.99):.0f} ms "
               f"max {max(latencies)} ms over {len(latencies)}; server CPU "
               f"{100 * (cpu_seconds(pid) - cpu0) / span:.0f} % of a core, RSS "
-              f"{rss_mib(pid):.0f} MiB", flush=True)
+              f"{rss_mib(pid):.0f} MiB, {cycle_figures(cycles0, cycles(cluster))}; "
+              f"nodes {node_states(cluster)}", flush=True)
         fleet.stop()
         probes.stop()
         print(fleet.process.stdout.read().decode().strip().splitlines()[-1])

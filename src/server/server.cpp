@@ -399,6 +399,7 @@ void Server::Impl::IndexJobLocked(const JobRecord& job) {
   }
   pending_jobs.erase(job.id);
   active_jobs.erase(job.id);
+  running_view.Changed(job.id);
   // The desired state of each node the job leaves or joins is durable with the next commit: a
   // change is committed in the same hold of the lock that made it.
   const auto changed_on = [this](const std::string& node) {
@@ -583,7 +584,7 @@ void Server::Impl::CapacityChangedLocked() {
   ChangedLocked();
 }
 
-const std::shared_ptr<const Server::Impl::ClusterView>& Server::Impl::ClusterViewLocked() {
+const std::shared_ptr<const ClusterView>& Server::Impl::ClusterViewLocked() {
   if (cluster_view && cluster_view_generation == capacity_generation) return cluster_view;
   auto view = std::make_shared<ClusterView>();
   for (const auto& [name, entry] : nodes) {
@@ -804,7 +805,9 @@ void Server::Impl::MaintenanceLoop() {
           earliest = std::min(earliest, lost_at);
         }
       }
-      next_lost_scan = earliest;
+      // At most 4 passes a second: when many nodes are late at once (an overloaded fleet), the
+      // earliest deadline moves a few ms per pass, and a pass per node would cost O(nodes^2).
+      next_lost_scan = std::max(earliest, steady_now + std::chrono::milliseconds(250));
     }
     if (!failed()) next = std::min(next, next_lost_scan);
     // Idle GPUs are judged over minutes: once a second is enough, however often the loop wakes.
@@ -859,36 +862,7 @@ Server::Impl::Snapshot Server::Impl::SnapshotLocked(TimeMs now) {
   snapshot.generation = generation;
   snapshot.view = ClusterViewLocked();
   snapshot.any_ready = snapshot.view->any_ready;
-  const auto& position = snapshot.view->position;
-  const auto& gpu_position = snapshot.view->gpu_slots;
-  for (JobId id : active_jobs) {
-    const JobRecord& job = jobs.at(id);
-    sched::Allocation allocation;
-    bool known = !job.tasks.empty();
-    for (const api::TaskStatus& task : job.tasks) {
-      auto node = position.find(task.node);
-      if (node == position.end()) {
-        known = false;  // on a lost node: requeued by maintenance shortly
-        break;
-      }
-      sched::TaskPlacement placement;
-      placement.node = node->second;
-      for (int32_t index : task.gpu_indices) {
-        const auto& slots = gpu_position[static_cast<size_t>(node->second)];
-        auto slot = slots.find(index);
-        if (slot == slots.end()) {
-          known = false;
-          break;
-        }
-        placement.gpus.push_back(sched::GpuShare{slot->second, task.gpu_milli});
-      }
-      allocation.push_back(std::move(placement));
-    }
-    if (!known) continue;
-    const Service service = ServiceOf(job, now);
-    snapshot.running.push_back(sched::RunningJob{ToJobSpec(job), std::move(allocation),
-                                                 service.run_start, service.attained_gpu_ms});
-  }
+  snapshot.running = running_view.Refresh(snapshot.view, active_jobs, jobs, now);
   if (!snapshot.any_ready) return snapshot;  // nothing can be placed: the queue is not needed
   if (options.scheduler.order == sched::QueueOrder::kFairShare)
     snapshot.fair_share_usage = FairShareUsageLocked(now);

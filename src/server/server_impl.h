@@ -13,6 +13,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -30,6 +31,7 @@
 #include "sched/scheduler.h"
 #include "sched/types.h"
 #include "server/metrics.h"
+#include "server/running_view.h"
 #include "server/server.h"
 #include "serving/autoscaler.h"
 #include "store/group_commit.h"
@@ -108,20 +110,12 @@ struct Server::Impl {
     api::TokenInfo info;
     std::string sha256;
   };
-  // The nodes as the scheduler sees them (every node not lost, in name order, drained ones not
-  // schedulable), rebuilt only when a node registers, is lost or back, changes shape, or is
-  // drained or undrained: snapshots taken meanwhile share it instead of copying 10,000 nodes.
-  struct ClusterView {
-    Cluster cluster;
-    std::unordered_map<std::string, int32_t> position;            // node name -> cluster position
-    std::vector<std::unordered_map<int32_t, int32_t>> gpu_slots;  // per node: GPU index -> slot
-    bool any_ready = false;
-  };
   // The scheduler's input, taken under the lock and used outside it.
   struct Snapshot {
     std::shared_ptr<const ClusterView> view;
     const Cluster& cluster() const { return view->cluster; }
-    std::vector<sched::RunningJob> running;
+    // running_view's entries: unchanged until the scheduler thread's next snapshot.
+    std::span<const sched::RunningJob> running;
     // Shared with pending_jobs: taking a snapshot of a long queue copies pointers, not specs.
     std::vector<std::shared_ptr<const sched::PendingJob>> pending;
     bool any_ready = false;
@@ -280,6 +274,7 @@ struct Server::Impl {
   // State pending, with what the scheduler needs of each (fixed while the job is pending).
   std::map<JobId, std::shared_ptr<const sched::PendingJob>> pending_jobs;
   std::set<JobId> active_jobs;  // scheduled, starting or running
+  RunningView running_view;     // the active jobs as the scheduler takes them
   // The active jobs with a task on each node, and the nodes each is indexed under: a sync reads
   // its node's tasks without walking every active job (10,000 nodes, docs/scale.md).
   std::unordered_map<std::string, std::set<JobId>> active_on_node;

@@ -1,0 +1,91 @@
+#include "server/running_view.h"
+
+#include <algorithm>
+
+#include "server/lifecycle.h"
+
+namespace gpufleet::server {
+
+namespace {
+
+// As ServiceOf counts the ongoing attempt: none before its start (a clock stepped back).
+int64_t OngoingGpuMs(TimeMs start, TimeMs now, int64_t gpu_milli) {
+  return (std::max(start, now) - start) * gpu_milli / kMilliPerGpu;
+}
+
+}  // namespace
+
+std::span<const sched::RunningJob> RunningView::Refresh(
+    const std::shared_ptr<const ClusterView>& view, const std::set<JobId>& active,
+    const std::map<JobId, api::JobRecord>& jobs, TimeMs now) {
+  if (view != view_) {
+    // Positions refer to the old view's nodes: start over.
+    view_ = view;
+    entries_.clear();
+    held_.clear();
+    slot_.clear();
+    changed_.clear();
+    entries_.reserve(active.size());
+    held_.reserve(active.size());
+    for (JobId id : active)
+      Add(*view_, jobs.at(id), now);
+  } else {
+    for (JobId id : changed_) {
+      Remove(id);
+      if (!active.count(id)) continue;
+      if (auto job = jobs.find(id); job != jobs.end()) Add(*view_, job->second, now);
+    }
+    changed_.clear();
+  }
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    sched::RunningJob& entry = entries_[i];
+    entry.attained_gpu_ms =
+        held_[i].earlier_gpu_ms + OngoingGpuMs(entry.start_time, now, held_[i].gpu_milli);
+  }
+  return entries_;
+}
+
+void RunningView::Add(const ClusterView& view, const api::JobRecord& job, TimeMs now) {
+  if (job.tasks.empty()) return;
+  sched::Allocation allocation;
+  allocation.reserve(job.tasks.size());
+  for (const api::TaskStatus& task : job.tasks) {
+    auto node = view.position.find(task.node);
+    if (node == view.position.end()) return;  // on a lost node: requeued by maintenance shortly
+    sched::TaskPlacement placement;
+    placement.node = node->second;
+    const auto& slots = view.gpu_slots[static_cast<size_t>(node->second)];
+    placement.gpus.reserve(task.gpu_indices.size());
+    for (int32_t index : task.gpu_indices) {
+      auto slot = slots.find(index);
+      if (slot == slots.end()) return;
+      placement.gpus.push_back(sched::GpuShare{slot->second, task.gpu_milli});
+    }
+    allocation.push_back(std::move(placement));
+  }
+  const Service service = ServiceOf(job, now);
+  const int64_t gpu_milli = static_cast<int64_t>(job.spec.gpu_milli_per_task) * job.spec.tasks;
+  // ServiceOf counts the ongoing attempt as (now - start) x GPUs; what is left is the earlier ones.
+  const int64_t ongoing = OngoingGpuMs(service.run_start, now, gpu_milli);
+  slot_[job.id] = entries_.size();
+  entries_.push_back(sched::RunningJob{ToJobSpec(job), std::move(allocation), service.run_start,
+                                       service.attained_gpu_ms});
+  held_.push_back(Held{service.attained_gpu_ms - ongoing, gpu_milli});
+}
+
+void RunningView::Remove(JobId id) {
+  auto it = slot_.find(id);
+  if (it == slot_.end()) return;
+  const size_t slot = it->second;
+  slot_.erase(it);
+  if (slot + 1 != entries_.size()) {
+    // The scheduler does not depend on the entries' order (its ties are broken by job id).
+    entries_[slot] = std::move(entries_.back());
+    held_[slot] = held_.back();
+    slot_[entries_[slot].spec.id] = slot;
+  }
+  entries_.pop_back();
+  held_.pop_back();
+}
+
+}  // namespace gpufleet::server
