@@ -397,7 +397,11 @@ void Server::Impl::IndexJobLocked(const JobRecord& job) {
     ended_gpu_ms_by_team[job.team] += gpu_ms;
     ended_gpu_ms_by_user[{job.team, job.user}] += gpu_ms;
   }
-  pending_jobs.erase(job.id);
+  if (auto pending = pending_jobs.find(job.id); pending != pending_jobs.end()) {
+    // The scheduler may be reading it outside the lock: kept until that cycle is over.
+    if (snapshot_out) retired_pending.push_back(std::move(pending->second));
+    pending_jobs.erase(pending);
+  }
   active_jobs.erase(job.id);
   running_view.Changed(job.id);
   // The desired state of each node the job leaves or joins is durable with the next commit: a
@@ -868,7 +872,7 @@ Server::Impl::Snapshot Server::Impl::SnapshotLocked(TimeMs now) {
     snapshot.fair_share_usage = FairShareUsageLocked(now);
   snapshot.pending.reserve(pending_jobs.size());
   for (const auto& [id, pending] : pending_jobs)
-    if (yields_to.empty() || !YieldsLocked(id)) snapshot.pending.push_back(pending);
+    if (yields_to.empty() || !YieldsLocked(id)) snapshot.pending.push_back(pending.get());
   return snapshot;
 }
 
@@ -882,6 +886,8 @@ std::chrono::steady_clock::duration Server::Impl::RunCycle() {
     if (stopping || failed()) return std::chrono::steady_clock::now() - started;
     const TimeMs now = WallMs();
     Snapshot snapshot = SnapshotLocked(now);
+    retired_pending.clear();  // no cycle reads them any more
+    snapshot_out = !hold_lock;
     if (!hold_lock) lock.unlock();
     sched::Decisions decisions;
     bool decided = false;
@@ -894,10 +900,7 @@ std::chrono::steady_clock::duration Server::Impl::RunCycle() {
       cycle.explain_all_waiting =
           snapshot.pending.size() <= kAlwaysExplainUpTo ||
           cycle_start - last_explained >= std::chrono::milliseconds(options.schedule_interval_ms);
-      std::vector<const sched::PendingJob*> pending;
-      pending.reserve(snapshot.pending.size());
-      for (const auto& job : snapshot.pending)
-        pending.push_back(job.get());
+      const std::vector<const sched::PendingJob*>& pending = snapshot.pending;
       // What changes from cycle to cycle: fair-share factors, and the workload FGD placement
       // measures fragmentation against (the shapes of what runs and of the first waiting jobs).
       std::optional<sched::SchedulerConfig> cycle_config;
@@ -928,6 +931,7 @@ std::chrono::steady_clock::duration Server::Impl::RunCycle() {
       }
     }
     if (!hold_lock) lock.lock();
+    snapshot_out = false;
     if (stopping) return std::chrono::steady_clock::now() - started;
     if (generation != snapshot.generation) continue;
     if (decided || !snapshot.any_ready) ApplyLocked(snapshot, decisions, now);

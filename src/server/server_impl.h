@@ -116,8 +116,8 @@ struct Server::Impl {
     const Cluster& cluster() const { return view->cluster; }
     // running_view's entries: unchanged until the scheduler thread's next snapshot.
     std::span<const sched::RunningJob> running;
-    // Shared with pending_jobs: taking a snapshot of a long queue copies pointers, not specs.
-    std::vector<std::shared_ptr<const sched::PendingJob>> pending;
+    // pending_jobs' entries, kept alive while the cycle runs by retired_pending.
+    std::vector<const sched::PendingJob*> pending;
     bool any_ready = false;
     uint64_t generation = 0;
     // Fair share only: each queue's decayed GPU-seconds at the snapshot's time.
@@ -273,6 +273,11 @@ struct Server::Impl {
   std::map<JobId, api::JobRecord> jobs;
   // State pending, with what the scheduler needs of each (fixed while the job is pending).
   std::map<JobId, std::shared_ptr<const sched::PendingJob>> pending_jobs;
+  // While a snapshot is read outside the lock (snapshot_out), the entries that leave
+  // pending_jobs wait here: the snapshot holds plain pointers, as copying 100,000 shared_ptrs
+  // under the lock on every cycle cost as much as the rest of the snapshot.
+  bool snapshot_out = false;
+  std::vector<std::shared_ptr<const sched::PendingJob>> retired_pending;
   std::set<JobId> active_jobs;  // scheduled, starting or running
   RunningView running_view;     // the active jobs as the scheduler takes them
   // The active jobs with a task on each node, and the nodes each is indexed under: a sync reads
