@@ -237,7 +237,10 @@ class NetCluster:
              "--listen-peer-urls", f"http://{address}:2380",
              "--initial-advertise-peer-urls", f"http://{address}:2380",
              "--initial-cluster", cluster, "--initial-cluster-state", state,
-             "--initial-cluster-token", self.net.tag, "--logger", "zap", "--log-level", "error"],
+             "--initial-cluster-token", self.net.tag, "--logger", "zap", "--log-level", "error",
+             # As docs/ha.md says to run it: without pre-vote a member that was cut off comes
+             # back with a higher term and forces a second election (etcd 3.5's default).
+             "--pre-vote"],
             stdout=log, stderr=log)
 
     def etcd_healthy(self, name):
@@ -540,6 +543,45 @@ def test_faults_across_a_network(gpufleet):
             check(cluster.servers[leader].process.poll() is None, "the leader stopped")
             settle("each etcd member silent to the servers for 3 s in turn", started,
                    "leadership stayed")
+
+            # 5b. A partition inside etcd's quorum: its elected member and the other two lose
+            # each other (both ways) while the servers still reach all three. The two elect a
+            # new leader; the cut-off member, without a quorum, answers nothing that commits,
+            # and the servers' calls to it give way to the others.
+            members = ("e1", "e2", "e3")
+            elected = cluster.etcd_leader()
+            rest = [member for member in members if member != elected]
+            leader = cluster.leader()
+            started = time.monotonic()
+            for heal in (False, True):
+                cluster.net.cut_off(elected, rest, heal=heal)
+                for member in rest:
+                    cluster.net.cut_off(member, [elected], heal=heal)
+                if not heal:
+                    time.sleep(2 * LEASE_S)
+            wait_until(lambda: all(cluster.etcd_healthy(member) for member in members), 30,
+                       "etcd whole again")
+            kept = cluster.servers[leader].process.poll() is None and \
+                cluster.leader() == leader
+            cluster.restart_exited_servers()
+            settle(f"etcd's elected member {elected} cut off from the other two for "
+                   f"{2 * LEASE_S:g} s", started,
+                   f"etcd leader now {cluster.etcd_leader()}; "
+                   f"{'leadership stayed' if kept else f'{cluster.leader()} leads now'}")
+
+            # 5c. The leader is cut off from the clients only: submissions find no leader and
+            # are refused (never promised) meanwhile; the leader keeps its lease and its agents.
+            leader = cluster.leader()
+            started = time.monotonic()
+            before = load.count()
+            cluster.net.cut_off(leader, ["client"])
+            time.sleep(5)
+            during = load.count() - before
+            cluster.net.cut_off(leader, ["client"], heal=True)
+            check(cluster.leader() == leader, "leadership moved while only clients were cut off")
+            wait_until(agents_ready, 30, "both agents ready")
+            settle("leader cut off from the clients for 5 s", started,
+                   f"leadership stayed; {during} submissions acknowledged during the cut")
 
             # 6. Clock steps on the leader; then a standby with a clock an hour behind takes over.
             leader = cluster.leader()
