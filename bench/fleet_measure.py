@@ -118,11 +118,14 @@ def ready_nodes(cluster, prefix):
                if n["report"]["name"].startswith(prefix) and n["state"] == "ready")
 
 
-def metric(cluster, name):
+def metrics_text(cluster):
     with urllib.request.urlopen(urllib.request.Request(
             cluster.url + "/metrics", headers={"Authorization": f"Bearer {cluster.admin_token}"}),
             timeout=60) as response:
-        text = response.read().decode()
+        return response.read().decode()
+
+
+def metric(text, name):
     for line in text.splitlines():
         if line.startswith(name + " "):
             return float(line.split()[1])
@@ -130,14 +133,10 @@ def metric(cluster, name):
 
 
 def sync_count(cluster):
-    return metric(cluster, "gpufleet_agent_syncs_total")
+    return metric(metrics_text(cluster), "gpufleet_agent_syncs_total")
 
 
-def node_states(cluster):
-    with urllib.request.urlopen(urllib.request.Request(
-            cluster.url + "/metrics", headers={"Authorization": f"Bearer {cluster.admin_token}"}),
-            timeout=60) as response:
-        text = response.read().decode()
+def node_states(text):
     states = {}
     for line in text.splitlines():
         if line.startswith("gpufleet_nodes{state="):
@@ -150,10 +149,11 @@ def watch(cluster, processes, every, stop):
     pids = {name: process.pid for name, process in processes.items()}
     pids["harness"] = os.getpid()
     last = {name: cpu_seconds(pid) for name, pid in pids.items()}
-    last_cycles, last_t = cycles(cluster), time.monotonic()
+    last_cycles, last_t = cycles(metrics_text(cluster)), time.monotonic()
     while not stop.wait(every):
         try:
-            now_cycles, now_t = cycles(cluster), time.monotonic()
+            text = metrics_text(cluster)
+            now_cycles, now_t = cycles(text), time.monotonic()
             cpu = {name: cpu_seconds(pid) for name, pid in pids.items()}
             span = now_t - last_t
             usage = ", ".join(f"{name} {100 * (cpu[name] - last[name]) / span:.0f} %"
@@ -162,17 +162,17 @@ def watch(cluster, processes, every, stop):
                       for name, process in processes.items() if process.poll() is not None]
             if exited:
                 usage += "; " + ", ".join(exited)
-            print(f"  watch: nodes {node_states(cluster)}, "
+            print(f"  watch: nodes {node_states(text)}, "
                   f"{cycle_figures(last_cycles, now_cycles)}, CPU {usage}", flush=True)
             last, last_cycles, last_t = cpu, now_cycles, now_t
         except (OSError, RuntimeError) as error:
             print(f"  watch: {error}", flush=True)
 
 
-def cycles(cluster):
-    """(count, seconds) of the server's scheduling cycles so far."""
-    return (metric(cluster, "gpufleet_scheduler_cycle_seconds_count"),
-            metric(cluster, "gpufleet_scheduler_cycle_seconds_sum"))
+def cycles(text):
+    """(count, seconds) of the server's scheduling cycles so far, from /metrics' text."""
+    return (metric(text, "gpufleet_scheduler_cycle_seconds_count"),
+            metric(text, "gpufleet_scheduler_cycle_seconds_sum"))
 
 
 def cycle_figures(before, after):
@@ -255,7 +255,8 @@ def main():
 
         if args.queued <= 0:
             return
-        cpu0, t0, cycles0 = cpu_seconds(pid), time.monotonic(), cycles(cluster)
+        cpu0, t0, cycles0 = (cpu_seconds(pid), time.monotonic(),
+                              cycles(metrics_text(cluster)))
         submitted = 0
         while True:
             pending, running = queue_counts(cluster)
@@ -266,9 +267,10 @@ def main():
         t_queued = time.monotonic()
         print(f"queued: {submitted} more jobs submitted at {submitted / (t_queued - t0):.0f}/s; "
               f"{pending} pending, {running} running, server RSS {rss_mib(pid):.0f} MiB, "
-              f"{cycle_figures(cycles0, cycles(cluster))}", flush=True)
+              f"{cycle_figures(cycles0, cycles(metrics_text(cluster)))}", flush=True)
         latencies = []
-        cpu0, t0, cycles0 = cpu_seconds(pid), time.monotonic(), cycles(cluster)
+        cpu0, t0, cycles0 = (cpu_seconds(pid), time.monotonic(),
+                              cycles(metrics_text(cluster)))
         for i in range(args.probes):
             job_id = submitter.submit({"name": "probe", "command": ["sleep", "1"], "gpus": 1,
                                        "priority": 1000,
@@ -277,12 +279,13 @@ def main():
             running = next(e["time_ms"] for e in done["events"] if e["to"] == "running")
             latencies.append(running - done["created_ms"])
         span = time.monotonic() - t0
+        text = metrics_text(cluster)
         print(f"probes with {pending} queued: submit->running p50 "
               f"{statistics.median(latencies):.0f} ms p99 {percentile(latencies, 0.99):.0f} ms "
               f"max {max(latencies)} ms over {len(latencies)}; server CPU "
               f"{100 * (cpu_seconds(pid) - cpu0) / span:.0f} % of a core, RSS "
-              f"{rss_mib(pid):.0f} MiB, {cycle_figures(cycles0, cycles(cluster))}; "
-              f"nodes {node_states(cluster)}", flush=True)
+              f"{rss_mib(pid):.0f} MiB, {cycle_figures(cycles0, cycles(text))}; "
+              f"nodes {node_states(text)}", flush=True)
         fleet.stop()
         probes.stop()
         print(fleet.process.stdout.read().decode().strip().splitlines()[-1])

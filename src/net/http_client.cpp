@@ -182,10 +182,10 @@ HttpResult ResultOf(http::response_parser<http::string_body>& parser) {
 }
 
 // One call in flight: everything its handlers touch, owned by them through a shared_ptr so that
-// the async client can have thousands at once. `finish` runs exactly once.
-// One call. Its handlers (deadline, resolve, connect, send, receive) run on one strand: on a
-// client with several threads the deadline would otherwise fire on one thread while the answer
-// is read on another, and both would finish the call (the second with a moved-from callback).
+// the async client can have thousands at once. `finish` runs exactly once: the handlers
+// (deadline, resolve, connect, send, receive) run on one strand, as on a client with several
+// threads the deadline would otherwise fire on one thread while the answer is read on another,
+// and both would finish the call (the second with a moved-from callback).
 struct Exchange : std::enable_shared_from_this<Exchange> {
   using Strand = asio::strand<asio::io_context::executor_type>;
   Exchange(asio::io_context& ioc, HttpCallOptions call_options,

@@ -220,11 +220,11 @@ void ForEachHeldSpan(const JobRecord& job, TimeMs now, Visit visit) {
   if (since >= 0 && IsActive(job.state)) visit(since, std::max(since, now), SpanEnd::kOngoing);
 }
 
+}  // namespace
+
 int64_t GpuMilliOf(const JobRecord& job) {
   return static_cast<int64_t>(job.spec.gpu_milli_per_task) * job.spec.tasks;
 }
-
-}  // namespace
 
 Service ServiceOf(const JobRecord& job, TimeMs now) {
   Service service;

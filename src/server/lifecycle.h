@@ -77,6 +77,9 @@ Service ServiceOf(const api::JobRecord& job, TimeMs now);
 // The spans the job held GPUs that have ended (requeued or finished), oldest first: [start, end).
 std::vector<std::pair<TimeMs, TimeMs>> EndedHeldSpans(const api::JobRecord& job);
 
+// The GPUs the job holds while active, in thousandths, over all its tasks.
+int64_t GpuMilliOf(const api::JobRecord& job);
+
 // GPU-milliseconds of one span of the job: how GpuMsBetween counts it.
 int64_t SpanGpuMs(const api::JobRecord& job, TimeMs start, TimeMs end);
 

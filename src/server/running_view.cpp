@@ -8,7 +8,8 @@ namespace gpufleet::server {
 
 namespace {
 
-// As ServiceOf counts the ongoing attempt: none before its start (a clock stepped back).
+// SpanGpuMs of the ongoing attempt, as ServiceOf counts it (none before its start: a clock
+// stepped back), from the GPUs an entry holds: the loop over every entry has no record at hand.
 int64_t OngoingGpuMs(TimeMs start, TimeMs now, int64_t gpu_milli) {
   return (std::max(start, now) - start) * gpu_milli / kMilliPerGpu;
 }
@@ -64,13 +65,12 @@ void RunningView::Add(const ClusterView& view, const api::JobRecord& job, TimeMs
     allocation.push_back(std::move(placement));
   }
   const Service service = ServiceOf(job, now);
-  const int64_t gpu_milli = static_cast<int64_t>(job.spec.gpu_milli_per_task) * job.spec.tasks;
-  // ServiceOf counts the ongoing attempt as (now - start) x GPUs; what is left is the earlier ones.
-  const int64_t ongoing = OngoingGpuMs(service.run_start, now, gpu_milli);
+  // What ServiceOf counted beyond the ongoing attempt is the earlier ones.
+  const int64_t ongoing = SpanGpuMs(job, service.run_start, std::max(service.run_start, now));
   slot_[job.id] = entries_.size();
   entries_.push_back(sched::RunningJob{ToJobSpec(job), std::move(allocation), service.run_start,
                                        service.attained_gpu_ms});
-  held_.push_back(Held{service.attained_gpu_ms - ongoing, gpu_milli});
+  held_.push_back(Held{service.attained_gpu_ms - ongoing, GpuMilliOf(job)});
 }
 
 void RunningView::Remove(JobId id) {
