@@ -101,6 +101,65 @@ std::vector<std::string> StringList(const json& value, std::string_view field, b
   return list;
 }
 
+// "image", "mounts" ("SRC:DST[:ro|rw]" strings or {source, target, read_only} objects) and
+// "user" of a job or deployment.
+ContainerSpec ContainerOrThrow(const json& body) {
+  ContainerSpec spec;
+  if (auto it = body.find("image"); it != body.end()) spec.image = String(*it, "image");
+  if (auto it = body.find("user"); it != body.end()) {
+    if (it->is_number_unsigned())
+      spec.user = std::to_string(it->get<uint64_t>());
+    else
+      spec.user = String(*it, "user");
+  }
+  if (auto it = body.find("mounts"); it != body.end()) {
+    if (!it->is_array()) Fail(fmt::format("'mounts' must be a list, not {}", TypeName(*it)));
+    if (it->size() > kMaxContainerMounts)
+      Fail(fmt::format("'mounts' has {} items; at most {}", it->size(), kMaxContainerMounts));
+    for (size_t i = 0; i < it->size(); ++i) {
+      const json& item = (*it)[i];
+      if (item.is_string()) {
+        std::string error;
+        auto mount = ParseContainerMount(item.get<std::string>(), error);
+        if (!mount) Fail(fmt::format("'mounts[{}]': {}", i, error));
+        spec.mounts.push_back(std::move(*mount));
+      } else if (item.is_object()) {
+        ContainerMount mount;
+        for (const auto& [key, value] : item.items()) {
+          if (key == "source") {
+            mount.source = String(value, "mounts[].source");
+          } else if (key == "target") {
+            mount.target = String(value, "mounts[].target");
+          } else if (key == "read_only") {
+            mount.read_only = Bool(value, "mounts[].read_only");
+          } else {
+            Fail(fmt::format("'mounts[{}]': unknown field '{}' (known: source, target, read_only)",
+                             i, key));
+          }
+        }
+        spec.mounts.push_back(std::move(mount));
+      } else {
+        Fail(fmt::format("'mounts[{}]' must be \"SOURCE:TARGET[:ro|rw]\" or an object, not {}", i,
+                         TypeName(item)));
+      }
+    }
+  }
+  if (auto error = ValidateContainerSpec(spec)) Fail(*error);
+  return spec;
+}
+
+void ContainerToJson(json& out, const ContainerSpec& spec) {
+  if (spec.image.empty()) return;
+  out["image"] = spec.image;
+  if (!spec.mounts.empty()) {
+    json mounts = json::array();
+    for (const ContainerMount& mount : spec.mounts)
+      mounts.push_back(FormatContainerMount(mount));
+    out["mounts"] = std::move(mounts);
+  }
+  if (!spec.user.empty()) out["user"] = spec.user;
+}
+
 bool ValidName(std::string_view text, size_t max_size) {
   if (text.empty() || text.size() > max_size) return false;
   for (char c : text)
@@ -155,25 +214,12 @@ std::optional<json> ParseJsonText(std::string_view text, std::string& error) {
   return ParseRequestJson(text, error);
 }
 
-const std::set<std::string, std::less<>> kSubmissionFields = {"name",
-                                                              "queue",
-                                                              "priority",
-                                                              "tasks",
-                                                              "nodes",
-                                                              "tasks_per_node",
-                                                              "gpus",
-                                                              "cpu",
-                                                              "memory",
-                                                              "gpu_model",
-                                                              "command",
-                                                              "env",
-                                                              "workdir",
-                                                              "restartable",
-                                                              "preemptible",
-                                                              "max_runtime",
-                                                              "runtime_estimate",
-                                                              "min_gpu_memory",
-                                                              "grace_period"};
+const std::set<std::string, std::less<>> kSubmissionFields = {
+    "name",           "queue",       "priority",    "tasks",       "nodes",
+    "tasks_per_node", "gpus",        "cpu",         "memory",      "gpu_model",
+    "command",        "env",         "workdir",     "image",       "mounts",
+    "user",           "restartable", "preemptible", "max_runtime", "runtime_estimate",
+    "min_gpu_memory", "grace_period"};
 
 JobSubmission ParseSubmissionOrThrow(const json& body) {
   if (!body.is_object()) Fail(fmt::format("a job must be a JSON object, not {}", TypeName(body)));
@@ -223,6 +269,7 @@ JobSubmission ParseSubmissionOrThrow(const json& body) {
     job.command = StringList(*it, "command", false);
   if (auto it = body.find("env"); it != body.end()) job.env = EnvObject(*it);
   if (auto it = body.find("workdir"); it != body.end()) job.workdir = String(*it, "workdir");
+  job.container = ContainerOrThrow(body);
   if (auto it = body.find("restartable"); it != body.end())
     job.restartable = Bool(*it, "restartable");
   if (auto it = body.find("preemptible"); it != body.end())
@@ -433,6 +480,7 @@ void to_json(json& out, const JobSubmission& value) {
     out["min_gpu_memory"] = fmt::format("{}Mi", value.min_gpu_memory_mib);
   if (value.runtime_estimate_ms)
     out["runtime_estimate"] = fmt::format("{}ms", *value.runtime_estimate_ms);
+  ContainerToJson(out, value.container);
 }
 
 void from_json(const json& in, JobSubmission& value) {
@@ -761,6 +809,12 @@ void to_json(json& out, const TaskLaunch& value) {
     out["port"] = value.port;
     out["readiness_path"] = value.readiness_path;
   }
+  // Nested: "user" here is the platform user who submitted the job.
+  if (!value.container.image.empty()) {
+    json container = json::object();
+    ContainerToJson(container, value.container);
+    out["container"] = std::move(container);
+  }
 }
 void from_json(const json& in, TaskLaunch& value) {
   Read(in, "workload_id", value.workload_id);
@@ -780,6 +834,14 @@ void from_json(const json& in, TaskLaunch& value) {
   Read(in, "checkpoint_dir", value.checkpoint_dir);
   Read(in, "port", value.port);
   Read(in, "readiness_path", value.readiness_path);
+  if (auto it = in.find("container"); it != in.end() && it->is_object()) {
+    try {
+      value.container = ContainerOrThrow(*it);
+    } catch (const FieldError& error) {
+      // Callers of from_json handle nlohmann's exceptions.
+      throw json::other_error::create(501, "container: " + error.message, nullptr);
+    }
+  }
 }
 
 void to_json(json& out, const SyncResponse& value) {
@@ -868,7 +930,8 @@ const std::set<std::string, std::less<>> kDeploymentFields = {
     "name",           "queue",        "priority",     "command",        "env",
     "workdir",        "gpus",         "cpu",          "memory",         "gpu_model",
     "min_gpu_memory", "min_replicas", "max_replicas", "readiness_path", "models",
-    "routing",        "autoscaling",  "grace_period", "drain_timeout"};
+    "routing",        "autoscaling",  "grace_period", "drain_timeout",  "image",
+    "mounts",         "user"};
 
 const std::set<std::string, std::less<>> kRoutings = {"round_robin", "least_outstanding",
                                                       "endpoint_picker"};
@@ -900,6 +963,7 @@ DeploymentSpec ParseDeploymentOrThrow(const json& body) {
   if (auto it = body.find("workdir"); it != body.end()) spec.workdir = String(*it, "workdir");
   if (!spec.workdir.empty() && spec.workdir.front() != '/')
     Fail(fmt::format("'workdir' must be an absolute path, not '{}'", spec.workdir));
+  spec.container = ContainerOrThrow(body);
   if (auto it = body.find("gpus"); it != body.end())
     spec.gpu_milli_per_replica = Quantity<MilliGpu>(*it, "gpus", ParseGpuMilli, "1 or 0.5");
   if (auto it = body.find("cpu"); it != body.end())
@@ -1023,6 +1087,7 @@ void to_json(json& out, const DeploymentSpec& value) {
              {"drain_timeout", DurationText(value.drain_timeout_ms)}};
   if (value.min_gpu_memory_mib > 0)
     out["min_gpu_memory"] = fmt::format("{}Mi", value.min_gpu_memory_mib);
+  ContainerToJson(out, value.container);
 }
 void from_json(const json& in, DeploymentSpec& value) {
   std::string error;

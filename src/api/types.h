@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/container.h"
 #include "core/types.h"
 
 namespace gpufleet::api {
@@ -49,7 +50,8 @@ struct JobSubmission {
   MiB min_gpu_memory_mib = 0;                  // JSON "min_gpu_memory": "40Gi"
   std::vector<std::string> command;            // argv; required
   std::map<std::string, std::string> env;
-  std::string workdir;        // absolute on the node; empty: a fresh directory
+  std::string workdir;        // absolute on the node (in the container with an image)
+  ContainerSpec container;    // JSON "image", "mounts", "user"; no image: a plain process
   bool restartable = true;    // requeue (true) or fail (false) when its node is lost
   bool preemptible = true;    // whether higher-priority work may stop it
   TimeMs max_runtime_ms = 0;  // JSON "max_runtime": "2h"; 0 = unlimited
@@ -262,6 +264,7 @@ struct TaskLaunch {
   // NODE_RANK, LOCAL_WORLD_SIZE (torchrun's names), GPUFLEET_JOB_ID, ...
   std::map<std::string, std::string> env;
   std::string workdir;
+  ContainerSpec container;  // no image: a plain process
   std::vector<int32_t> gpu_indices;
   MilliGpu gpu_milli = kMilliPerGpu;  // of each GPU; less: a share of it (fractional jobs)
   MilliCpu cpu_milli = 0;
@@ -306,6 +309,7 @@ struct DeploymentSpec {
   std::vector<std::string> command;
   std::map<std::string, std::string> env;
   std::string workdir;
+  ContainerSpec container;  // JSON "image", "mounts", "user"
   MilliGpu gpu_milli_per_replica = kMilliPerGpu;
   MilliCpu cpu_milli_per_replica = 0;
   MiB memory_mib_per_replica = 0;

@@ -30,9 +30,9 @@ constexpr std::chrono::milliseconds kLogPollInterval{300};
 // Fields whose values are strings whatever they look like: `command: [sleep, 60]` is two words,
 // `env: {SEED: 1}` sets SEED to "1", `name: 2024` is a name.
 // Deployments' string fields too: the same reader takes `gpufleet deploy -f model.yaml`.
-const std::set<std::string, std::less<>> kStringFields = {"name",   "queue",          "command",
-                                                          "env",    "workdir",        "gpu_model",
-                                                          "models", "readiness_path", "routing"};
+const std::set<std::string, std::less<>> kStringFields = {
+    "name",   "queue",          "command", "env",   "workdir", "gpu_model",
+    "models", "readiness_path", "routing", "image", "mounts",  "user"};
 
 // A plain (unquoted) scalar as YAML 1.2's core schema reads it.
 json PlainScalar(const std::string& text) {
@@ -238,6 +238,12 @@ std::string ShowJob(const api::JobRecord& job, TimeMs now_ms) {
   line("resources", resources + (spec.tasks > 1 ? " per node" : ""));
   line("command", JoinCommand(spec.command));
   if (!spec.workdir.empty()) line("workdir", spec.workdir);
+  if (!spec.container.image.empty()) {
+    line("image", spec.container.image);
+    for (size_t i = 0; i < spec.container.mounts.size(); ++i)
+      line(i == 0 ? "mounts" : "", FormatContainerMount(spec.container.mounts[i]));
+    if (!spec.container.user.empty()) line("user", spec.container.user);
+  }
   bool first_env = true;
   for (const auto& [name, value] : spec.env) {
     line(first_env ? "env" : "", fmt::format("{}={}", name, value));
@@ -653,7 +659,29 @@ std::optional<Submission> BuildSubmission(const SubmitArgs& args, std::string& e
       merged[name] = value;
     set("env", merged, "--env");
   }
-  if (args.workdir) {
+  if (args.image) set("image", *args.image, "--image");
+  if (!args.mounts.empty()) {
+    json mounts = json::array();
+    for (const std::string& text : args.mounts) {
+      if (!ParseContainerMount(text, error)) {
+        error = "--mount " + error;
+        return std::nullopt;
+      }
+      mounts.push_back(text);
+    }
+    set("mounts", mounts, "--mount");
+  }
+  if (args.user) set("user", *args.user, "--user");
+  const bool in_container = body.contains("image");
+  if (args.workdir && in_container && (args.workdir->empty() || args.workdir->front() != '/')) {
+    error = fmt::format(
+        "--workdir '{}': with an image it is a path inside the container; give it absolute",
+        *args.workdir);
+    return std::nullopt;
+  }
+  if (args.workdir && in_container) {
+    set("workdir", *args.workdir, "--workdir");
+  } else if (args.workdir) {
     // Relative to where the command was typed, as with a shell (the API wants it absolute).
     std::error_code fs_error;
     std::string dir =
@@ -754,7 +782,17 @@ void AddJobCommands(CLI::App& app, JobArgs& args) {
   command->add_option("--env", submit.env, "NAME=VALUE in the job's environment (repeatable)")
       ->allow_extra_args(false);  // one value per --env, so the command cannot be swallowed
   optional_string("--workdir", submit.workdir,
-                  "Directory to run in on the nodes [a fresh one per task]");
+                  "Directory to run in on the nodes, or in the container with --image [a fresh "
+                  "one per task]");
+  optional_string("--image", submit.image,
+                  "Run each task in a container from this image: a reference "
+                  "(localhost/train:1) or a local image archive's absolute path");
+  command
+      ->add_option("--mount", submit.mounts,
+                   "SOURCE:TARGET[:ro|rw] node directory shown in the container, read-only "
+                   "unless :rw (repeatable)")
+      ->allow_extra_args(false);
+  optional_string("--user", submit.user, "UID[:GID] to run as inside the container");
   optional_string("--max-runtime", submit.max_runtime, "Stop the job after this long: 2h, 30m");
   optional_string("--grace-period", submit.grace_period,
                   "On cancel or preemption, time between SIGTERM and SIGKILL to checkpoint "

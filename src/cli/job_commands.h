@@ -33,6 +33,9 @@ struct SubmitArgs {
   std::optional<std::string> min_gpu_memory;
   std::vector<std::string> env;  // NAME=VALUE each; added to (and override) the file's env
   std::optional<std::string> workdir;
+  std::optional<std::string> image;
+  std::vector<std::string> mounts;  // SOURCE:TARGET[:ro|rw] each
+  std::optional<std::string> user;
   std::optional<std::string> max_runtime;
   std::optional<std::string> grace_period;
   std::optional<std::string> runtime_estimate;

@@ -83,6 +83,7 @@ JobRecord NewReplicaJob(const DeploymentRecord& record, TimeMs now, bool preempt
   job.spec.command = spec.command;
   job.spec.env = spec.env;
   job.spec.workdir = spec.workdir;
+  job.spec.container = spec.container;
   // A replica on a lost node is placed again. Batch work never preempts it (it ranks above every
   // batch job of its queue); reclaim and higher-priority replicas only where the queue allows.
   job.spec.restartable = true;
@@ -147,8 +148,9 @@ bool SameSpec(const api::DeploymentSpec& a, const api::DeploymentSpec& b) {
 
 // The parts of a spec that its replicas run: a change of any of these rolls them.
 bool SameReplicaSpec(const api::DeploymentSpec& a, const api::DeploymentSpec& b) {
-  return a.command == b.command && a.env == b.env && a.workdir == b.workdir && a.queue == b.queue &&
-         a.priority == b.priority && a.gpu_milli_per_replica == b.gpu_milli_per_replica &&
+  return a.command == b.command && a.env == b.env && a.workdir == b.workdir &&
+         a.container == b.container && a.queue == b.queue && a.priority == b.priority &&
+         a.gpu_milli_per_replica == b.gpu_milli_per_replica &&
          a.cpu_milli_per_replica == b.cpu_milli_per_replica &&
          a.memory_mib_per_replica == b.memory_mib_per_replica && a.gpu_models == b.gpu_models &&
          a.min_gpu_memory_mib == b.min_gpu_memory_mib && a.readiness_path == b.readiness_path &&

@@ -66,6 +66,9 @@ bool Advance(JobRecord& job, const TaskStatus& changed, TimeMs now) {
   if (job.state == JobState::kScheduled && TaskStarted(changed))
     SetState(job, JobState::kStarting,
              fmt::format("task {} started on node {}", changed.rank, changed.node), now);
+  // What a starting task waits for, as its agent says (an image being pulled or unpacked).
+  if (job.state == JobState::kStarting && changed.state == "starting" && !changed.error.empty())
+    job.reason = fmt::format("task {} on node {}: {}", changed.rank, changed.node, changed.error);
   if (job.state == JobState::kStarting && all_running) {
     job.started_ms = now;
     SetState(job, JobState::kRunning,
@@ -278,6 +281,7 @@ api::TaskLaunch MakeTaskLaunch(const JobRecord& job, int32_t rank, const std::st
   launch.user = job.user;
   launch.argv = job.spec.command;
   launch.workdir = job.spec.workdir;
+  launch.container = job.spec.container;
   launch.gpu_indices = task.gpu_indices;
   if (!task.gpu_indices.empty() && task.gpu_milli > 0) launch.gpu_milli = task.gpu_milli;
   launch.cpu_milli = job.spec.cpu_milli_per_task;

@@ -123,6 +123,47 @@ TEST(JobSubmission, NamesEachMistake) {
             std::string::npos);
 }
 
+TEST(JobSubmission, ContainerFields) {
+  std::string error;
+  auto job = ParseJobSubmissionText(
+      R"({"command": ["python3", "train.py"], "image": "localhost/train:1", "user": 1000,
+          "mounts": ["/datasets:/data", {"source": "/ckpt", "target": "/ckpt", "read_only": false}]})",
+      error);
+  ASSERT_TRUE(job) << error;
+  EXPECT_EQ(job->container.image, "localhost/train:1");
+  EXPECT_EQ(job->container.user, "1000");
+  ASSERT_EQ(job->container.mounts.size(), 2u);
+  EXPECT_TRUE(job->container.mounts[0].read_only);
+  EXPECT_FALSE(job->container.mounts[1].read_only);
+  // Stored and read back unchanged.
+  EXPECT_EQ(json(*job).get<JobSubmission>().container, job->container);
+
+  EXPECT_NE(ErrorOf(R"({"command": ["x"], "mounts": ["/a:/b"]})").find("need an 'image'"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(R"({"command": ["x"], "image": "i", "mounts": "/a:/b"})").find("list"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(R"({"command": ["x"], "image": "i", "mounts": [{"src": "/a"}]})")
+                .find("unknown field 'src'"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(R"({"command": ["x"], "image": "i", "user": "root"})").find("UID"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(R"({"command": ["x"], "image": 3})").find("'image' must be a string"),
+            std::string::npos);
+}
+
+TEST(TaskLaunch, CarriesTheContainerApartFromThePlatformUser) {
+  TaskLaunch launch;
+  launch.user = "alice";  // the platform user, not the container's
+  launch.argv = {"true"};
+  launch.container = {"localhost/train:1", {{"/d", "/data", true}}, "1000:1000"};
+  TaskLaunch back = json(launch).get<TaskLaunch>();
+  EXPECT_EQ(back.user, "alice");
+  EXPECT_EQ(back.container, launch.container);
+  json bad = launch;
+  bad["container"]["user"] = "alice";
+  EXPECT_THROW(bad.get<TaskLaunch>(), nlohmann::json::exception);
+}
+
 TEST(JobRecord, RoundTrips) {
   JobRecord record;
   record.id = 42;
