@@ -18,7 +18,7 @@ endif
 CMAKE_FLAGS += -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(if $(CI),-DGPUFLEET_WERROR=ON,)
 GPUFLEET := $(BUILD_DIR)/gpufleet
 
-.PHONY: all deps configure build test run bench fuzz format format-check clean
+.PHONY: all deps configure build test test-images run bench fuzz format format-check clean
 
 all: build
 
@@ -31,7 +31,11 @@ configure: deps
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-test: build
+# The containers' tests run images built offline from Debian's mirror, cached between runs.
+test-images: deps
+	@scripts/test-images.sh
+
+test: build test-images
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS) --timeout 600
 
 # A one-machine cluster: control plane + node agent, state in ./.gpufleet, real GPUs when NVML

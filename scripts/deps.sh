@@ -14,6 +14,9 @@ packages=(
   prometheus  # the agent's integration test scrapes it with a real Prometheus server
   etcd-server  # the etcd store backend: its conformance suite runs against a real etcd
   iproute2 libfaketime  # the HA fault tests: network namespaces, and a server's clock stepped
+  # Containers: the OCI runtimes (crun, and runc where crun refuses the cgroups), tini as the
+  # containers' init, podman for image references, mmdebstrap for the tests' images.
+  runc crun tini podman mmdebstrap
 )
 # `scripts/deps.sh fuzz` (make fuzz): libFuzzer comes with clang.
 if [[ "${1:-}" == "fuzz" ]]; then

@@ -21,12 +21,14 @@
 #include <grp.h>
 #include <pwd.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "agent/executor_util.h"
 #include "agent/gpu_metrics.h"
 #include "agent/log_rotation.h"
 #include "agent/nvml_backend.h"
+#include "agent/oci_spec.h"
 
 namespace gpufleet::agent {
 namespace {
@@ -169,6 +171,58 @@ std::string SignalName(int32_t signal) {
   return abbreviation ? fmt::format("SIG{}", abbreviation) : fmt::format("signal {}", signal);
 }
 
+namespace {
+
+// Character devices with /dev/null's numbers: opening one works, and writes vanish.
+std::optional<std::string> MakeSimDeviceFiles(const std::string& dir, GpuInventory& inventory) {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) return fmt::format("create '{}': {}", dir, error.message());
+  for (GpuInfo& gpu : inventory.gpus) {
+    const std::string path = fmt::format("{}/nvidia{}", dir, gpu.index);
+    struct stat info {};
+    if (::lstat(path.c_str(), &info) == 0 && !S_ISCHR(info.st_mode))
+      return fmt::format("'{}' exists and is not a character device", path);
+    if (::lstat(path.c_str(), &info) != 0 &&
+        ::mknod(path.c_str(), S_IFCHR | 0666, makedev(1, 3)) != 0)
+      return fmt::format("mknod '{}': {} (it needs root)", path, std::strerror(errno));
+    gpu.device_files = {path};
+  }
+  return std::nullopt;
+}
+
+// Directories we hand the workload by name, which must stay where they are named.
+std::vector<std::string> PlatformDirsOf(const std::map<std::string, std::string>& env) {
+  std::vector<std::string> dirs;
+  for (const char* name :
+       {"GPUFLEET_CHECKPOINT_DIR", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"})
+    if (auto entry = env.find(name);
+        entry != env.end() && !entry->second.empty() && entry->second[0] == '/')
+      dirs.push_back(entry->second);
+  return dirs;
+}
+
+std::string CdiSpecPath(const std::string& dir, const std::string& hostname) {
+  return fmt::format("{}/gpufleet-{}.json", dir, hostname);
+}
+
+// The driver's nodes every GPU container needs besides its GPUs' own.
+const std::vector<std::string> kNvidiaControlNodes = {
+    "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"};
+
+std::optional<std::string> WriteCdiSpec(const std::string& dir, const std::string& hostname,
+                                        const GpuInventory& inventory) {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) return fmt::format("create '{}': {}", dir, error.message());
+  if (auto failure = executor_internal::WriteFileAtomically(
+          CdiSpecPath(dir, hostname), CdiSpecForGpus(inventory.gpus, kNvidiaControlNodes)))
+    return "write the CDI spec: " + *failure;
+  return std::nullopt;
+}
+
+}  // namespace
+
 struct AgentCore::State {
   // What a workload that has not ended holds.
   struct Holding {
@@ -192,7 +246,9 @@ struct AgentCore::State {
   WorkloadUser named_user;  // kUser
   // Whom the workload runs as (nothing: the agent's user), or why it may not run.
   AgentResult<std::optional<WorkloadUser>> RunAsFor(const LaunchRequest& request) const;
-  bool mount_namespaces = false;  // AgentOptions.workload_isolation, resolved at Open
+  bool mount_namespaces = false;      // AgentOptions.workload_isolation, resolved at Open
+  ContainerRuntimeConfig containers;  // as the executor got it
+  std::string cdi_spec_path;          // the GPUs' CDI spec the agent wrote; empty: none
   // What a workload on `positions` may not open: every other GPU's device files.
   WorkloadIsolation IsolationFor(const std::vector<size_t>& positions,
                                  const std::map<std::string, std::string>& env) const;
@@ -556,6 +612,11 @@ AgentResult<std::unique_ptr<AgentCore>> AgentCore::Open(AgentOptions options) {
   }
   state->driver_version = state->backend->DriverVersion();
   state->inventory = state->backend->Discover();
+  if (!options.sim_device_dir.empty()) {
+    if (!state->sim) return bad("--sim-device-dir is for simulated GPUs (--sim-gpus) only");
+    if (auto error = MakeSimDeviceFiles(options.sim_device_dir, state->inventory))
+      return bad("--sim-device-dir: " + *error);
+  }
   for (const std::string& problem : state->inventory.problems)
     state->startup_notes.push_back("GPU left out: " + problem);
   for (size_t position = 0; position < state->inventory.gpus.size(); ++position)
@@ -652,6 +713,30 @@ AgentResult<std::unique_ptr<AgentCore>> AgentCore::Open(AgentOptions options) {
   executor_config.data_dir = state->data_dir;
   executor_config.shim_command = std::move(shim_command);
   executor_config.cgroup_mode = options.cgroup_mode;
+  {
+    ContainerRuntimeOptions runtime_options;
+    runtime_options.runtime = options.oci_runtime;
+    runtime_options.init = options.container_init;
+    ContainerRuntimeConfig& containers = executor_config.containers;
+    containers = DetectContainerRuntime(runtime_options);
+    containers.images.dir =
+        options.image_cache_dir.empty() ? state->data_dir + "/images" : options.image_cache_dir;
+    containers.images.max_bytes = options.image_cache_max_bytes;
+    containers.images.podman = options.podman;
+    containers.cdi_dirs = {"/etc/cdi"};
+    if (options.cdi_dir != "/etc/cdi") containers.cdi_dirs.push_back(options.cdi_dir);
+    if (containers.available()) {
+      if (::geteuid() != 0) {
+        containers.runtime.clear();
+        containers.runtime_description = "none: containers need the agent to run as root";
+      } else if (auto error = WriteCdiSpec(options.cdi_dir, state->hostname, state->inventory)) {
+        state->startup_notes.push_back("containers get no GPU devices: " + *error);
+      } else {
+        state->cdi_spec_path = CdiSpecPath(options.cdi_dir, state->hostname);
+      }
+    }
+    state->containers = containers;
+  }
   auto executor = Executor::Open(std::move(executor_config));
   if (!executor.ok()) {
     const bool locked = executor.error().find("in use by another executor") != std::string::npos;
@@ -749,6 +834,16 @@ bool AgentCore::mount_namespaces() const {
   return state_->mount_namespaces;
 }
 
+std::string AgentCore::DescribeContainers() const {
+  const ContainerRuntimeConfig& containers = state_->containers;
+  if (!containers.available()) return containers.runtime_description;
+  return fmt::format(
+      "{}, init {}, images in {} (kept to {} MiB){}", containers.runtime_description,
+      containers.init.empty() ? "none" : containers.init, containers.images.dir,
+      containers.images.max_bytes / (1024 * 1024),
+      state_->cdi_spec_path.empty() ? "" : ", GPUs as CDI devices in " + state_->cdi_spec_path);
+}
+
 std::string AgentCore::DescribeWorkloadUser() const {
   switch (state_->run_as) {
     case State::RunAs::kPerJob:
@@ -778,12 +873,7 @@ WorkloadIsolation AgentCore::State::IsolationFor(
     for (const std::string& file : gpu.device_files)
       if (!own.count(file)) hidden.insert(file);
   isolation.hidden_devices.assign(hidden.begin(), hidden.end());
-  // Directories we hand the workload by name, which must stay where they are named.
-  for (const char* name :
-       {"GPUFLEET_CHECKPOINT_DIR", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"})
-    if (auto entry = env.find(name);
-        entry != env.end() && !entry->second.empty() && entry->second[0] == '/')
-      isolation.keep_visible.push_back(entry->second);
+  isolation.keep_visible = PlatformDirsOf(env);
   return isolation;
 }
 
@@ -1046,6 +1136,24 @@ AgentResult<WorkloadView> AgentCore::Launch(const LaunchRequest& request) {
     }
   }
   spec.isolation = state.IsolationFor(positions, spec.env);
+  spec.container = request.container;
+  if (!spec.container.image.empty()) {
+    // The runtime gives it namespaces of its own; what the platform hands it by path (its
+    // checkpoint directory) is bound in at that path.
+    spec.isolation = WorkloadIsolation();
+    spec.isolation.keep_visible = PlatformDirsOf(spec.env);
+    if (spec.run_as && !spec.container.user.empty()) {
+      std::lock_guard lock(state.mutex);
+      state.active.erase(id);
+      state.PublishCountsLocked();
+      return AgentError{AgentErrorKind::kBadRequest,
+                        fmt::format("the job asks for user '{}' in its container, but this node "
+                                    "runs workloads as {}",
+                                    spec.container.user, DescribeWorkloadUser())};
+    }
+    for (size_t position : positions)
+      spec.cdi_devices.push_back(CdiGpuName(state.inventory.gpus[position]));
+  }
   spec.cpu_milli = request.cpu_milli;
   spec.memory_mib = request.memory_mib;
   spec.grace_period = request.grace_period_ms;

@@ -63,6 +63,18 @@ struct AgentOptions {
   WorkloadIsolationMode workload_isolation = WorkloadIsolationMode::kAuto;
   GpuHealthConfig health;
   uint64_t sim_seed = 1;
+  // Simulated GPUs only: each gets a device file <dir>/nvidia<index> (a character device with
+  // /dev/null's numbers; needs root), so device isolation can be seen without GPUs.
+  std::string sim_device_dir;
+  // Containers (docs/containers.md): the OCI runtime ("auto", "runc", "crun" or a path), the
+  // init bound in as PID 1 ("none": none), the image cache (empty dir: <data-dir>/images) and
+  // the directory the agent writes its GPUs' CDI spec to (read after /etc/cdi).
+  std::string oci_runtime = "auto";
+  std::string container_init = "/usr/bin/tini-static";
+  std::string image_cache_dir;
+  int64_t image_cache_max_bytes = int64_t{20} * 1024 * 1024 * 1024;
+  std::string podman = "podman";
+  std::string cdi_dir = "/var/run/cdi";
   // How each workload's stdout and stderr are rotated (tests use small files).
   LogLimits workload_logs;
   // Where events (health changes, launches, exits) are reported; default: stderr with a time.
@@ -106,7 +118,8 @@ struct LaunchRequest {
   std::vector<std::string> argv;
   std::map<std::string, std::string> env;
   std::string workdir;
-  std::optional<int32_t> gpu_count;                 // the agent picks free healthy GPUs
+  ContainerSpec container;           // an image: run in a container (docs/containers.md)
+  std::optional<int32_t> gpu_count;  // the agent picks free healthy GPUs
   std::optional<std::vector<int32_t>> gpu_indices;  // exactly these
   // Of each GPU given by gpu_indices: less than kMilliPerGpu shares them with other workloads
   // whose shares add up to at most one GPU. The workload is told its share and memory limit.
@@ -177,6 +190,9 @@ class AgentCore {
   std::string DescribeWorkloadUser() const;
   // "mount namespace (private /tmp, ...)" or "none (...)": AgentOptions.workload_isolation.
   std::string DescribeWorkloadIsolation() const;
+  // "runc 1.1.5, images in /var/lib/gpufleet/images (20 GiB), CDI spec /var/run/cdi/..."; or
+  // why containers cannot run here.
+  std::string DescribeContainers() const;
   bool mount_namespaces() const;
   std::string driver_version() const;
   const std::string& hostname() const;

@@ -383,6 +383,7 @@ bool ControlLoop::State::LaunchTask(const api::TaskLaunch& task,
   request.argv = task.argv;
   request.env = task.env;
   request.workdir = task.workdir;
+  request.container = task.container;
   request.gpu_indices = task.gpu_indices;  // exactly these, even none
   request.gpu_milli = task.gpu_milli;
   request.cpu_milli = task.cpu_milli;

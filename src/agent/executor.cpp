@@ -62,16 +62,25 @@ std::string JoinInts(const std::vector<int32_t>& values) {
 std::vector<std::string> BuildEnvironment(const WorkloadSpec& spec, const std::string& tmp) {
   std::map<std::string, std::string> env = spec.env;
   env.try_emplace("PATH", kDefaultPath);
+  const bool container = !spec.container.image.empty();
   // Its own temporary directory, which other workloads cannot read (tempfile, torch and most
-  // tools honour these), rather than the node's shared /tmp.
+  // tools honour these), rather than the node's shared /tmp. A container's /tmp is its own.
   for (const char* name : {"TMPDIR", "TMP", "TEMP"})
-    env[name] = tmp;
+    env[name] = container ? std::string("/tmp") : tmp;
   // Ours win over the user's: they are what confines the workload to its GPUs.
   // A MIG instance has no CUDA index of its own: CUDA takes it by its "MIG-..." UUID only.
   const bool mig = std::any_of(spec.gpu_uuids.begin(), spec.gpu_uuids.end(),
                                [](const std::string& uuid) { return uuid.starts_with("MIG-"); });
-  const std::string visible =
+  std::string visible =
       mig ? fmt::format("{}", fmt::join(spec.gpu_uuids, ",")) : JoinInts(spec.gpu_indices);
+  if (container && !mig) {
+    // A container holds only its GPUs' device nodes, and CUDA numbers those from 0.
+    std::vector<int32_t> inside;
+    for (size_t i = 0; i < spec.gpu_indices.size(); ++i)
+      inside.push_back(static_cast<int32_t>(i));
+    visible = JoinInts(inside);
+    env["GPUFLEET_NODE_GPU_INDICES"] = JoinInts(spec.gpu_indices);
+  }
   env["CUDA_VISIBLE_DEVICES"] = visible;  // "" = no GPU
   // CUDA's default order is fastest-first; PCI order matches NVML's indices.
   env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID";
@@ -269,6 +278,9 @@ ExecutorResult<Inspection> Executor::State::Inspect(const std::string& id) const
 
   if (inspection.shim && executor_internal::IsLiveProcess(shim.pid, shim.start_ticks)) {
     status.state = inspection.workload ? WorkloadState::kRunning : WorkloadState::kStarting;
+    // What a starting workload waits for: its image, mostly.
+    if (!inspection.workload)
+      if (auto phase = executor_internal::ReadFileToString(paths.phase)) status.error = *phase;
     return inspection;
   }
   // The shim writes status.json just before it exits: look again now that it is gone.
@@ -600,6 +612,11 @@ ExecutorResult<WorkloadStatus> Executor::Launch(const WorkloadSpec& spec) {
             fmt::format("give '{}' to {}: {}", dir, spec.run_as->name, ErrnoText(errno)));
   }
   shim_spec.env = BuildEnvironment(spec, paths.tmp);
+  const bool cannot_contain = !spec.container.image.empty() && !state.config.containers.available();
+  if (!spec.container.image.empty()) {
+    shim_spec.containers = state.config.containers;
+    shim_spec.container_id = "gpufleet-" + CgroupLeafName(spec.id, state.config.data_dir);
+  }
   const bool wants_limits = spec.cpu_milli > 0 || spec.memory_mib > 0;
   if (state.cgroups.version() != CgroupVersion::kNone) {
     WorkloadCgroup cgroup;
@@ -627,6 +644,13 @@ ExecutorResult<WorkloadStatus> Executor::Launch(const WorkloadSpec& spec) {
     state.spec_cache[spec.id] = shim_spec;
   }
 
+  if (cannot_contain) {
+    state.RecordStartFailure(
+        paths, shim_spec,
+        fmt::format("the job names image '{}', but containers cannot run on this node: {}",
+                    spec.container.image, state.config.containers.runtime_description));
+    return Get(spec.id);
+  }
   std::string message;
   bool shim_gone = false;
   if (auto error = state.StartShim(paths, message, shim_gone)) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "agent/cgroups.h"
+#include "agent/container_runtime.h"
 #include "agent/workload.h"
 #include "core/types.h"
 
@@ -51,6 +52,9 @@ struct ExecutorConfig {
   std::string cgroup_parent = "gpufleet";  // under each hierarchy's root
   std::string cgroup_mountinfo_path = "/proc/self/mountinfo";
   TimeMs launch_timeout = 10 * kMsPerSecond;  // Launch returns "starting" after this long
+  // Workloads that name an image run through this (DetectContainerRuntime); without a runtime
+  // they fail to start, saying why.
+  ContainerRuntimeConfig containers;
 };
 
 class Executor {

@@ -24,10 +24,23 @@ WorkloadPaths WorkloadPaths::For(const std::string& workload_dir) {
   paths.shim_log = workload_dir + "/shim.log";
   paths.default_workdir = workload_dir + "/work";
   paths.tmp = workload_dir + "/tmp";
+  paths.phase = workload_dir + "/phase";
+  paths.bundle = workload_dir + "/bundle";
+  paths.rootfs = workload_dir + "/rootfs";
+  paths.upper = workload_dir + "/upper";
+  paths.overlay_work = workload_dir + "/overlay-work";
   return paths;
 }
 
 namespace {
+
+json MountsToJson(const std::vector<ContainerMount>& mounts) {
+  json list = json::array();
+  for (const ContainerMount& mount : mounts)
+    list.push_back(
+        {{"source", mount.source}, {"target", mount.target}, {"read_only", mount.read_only}});
+  return list;
+}
 
 json WorkloadToJson(const WorkloadSpec& spec) {
   return json{{"id", spec.id},
@@ -57,7 +70,12 @@ json WorkloadToJson(const WorkloadSpec& spec) {
               {"isolation",
                {{"mount_namespace", spec.isolation.mount_namespace},
                 {"hidden_devices", spec.isolation.hidden_devices},
-                {"keep_visible", spec.isolation.keep_visible}}}};
+                {"keep_visible", spec.isolation.keep_visible}}},
+              {"container",
+               {{"image", spec.container.image},
+                {"mounts", MountsToJson(spec.container.mounts)},
+                {"user", spec.container.user}}},
+              {"cdi_devices", spec.cdi_devices}};
 }
 
 void WorkloadFromJson(const json& object, WorkloadSpec& spec) {
@@ -98,6 +116,17 @@ void WorkloadFromJson(const json& object, WorkloadSpec& spec) {
     isolation->at("mount_namespace").get_to(spec.isolation.mount_namespace);
     isolation->at("hidden_devices").get_to(spec.isolation.hidden_devices);
     isolation->at("keep_visible").get_to(spec.isolation.keep_visible);
+  }
+  // Absent in specs written before containers.
+  if (auto container = object.find("container");
+      container != object.end() && container->is_object()) {
+    container->at("image").get_to(spec.container.image);
+    container->at("user").get_to(spec.container.user);
+    for (const json& mount : container->at("mounts"))
+      spec.container.mounts.push_back({mount.at("source").get<std::string>(),
+                                       mount.at("target").get<std::string>(),
+                                       mount.at("read_only").get<bool>()});
+    object.at("cdi_devices").get_to(spec.cdi_devices);
   }
 }
 
@@ -140,6 +169,17 @@ std::string ToJson(const ShimSpec& spec) {
               {"limits_applied", spec.limits_applied},
               {"limits_warning", spec.limits_warning},
               {"created_at_ms", spec.created_at_ms}};
+  if (!spec.container_id.empty()) {
+    const ContainerRuntimeConfig& containers = spec.containers;
+    object["container_id"] = spec.container_id;
+    object["containers"] = {{"runtime", containers.runtime},
+                            {"init", containers.init},
+                            {"image_cache_dir", containers.images.dir},
+                            {"image_cache_max_bytes", containers.images.max_bytes},
+                            {"podman", containers.images.podman},
+                            {"prepare_timeout_ms", containers.images.prepare_timeout_ms},
+                            {"cdi_dirs", containers.cdi_dirs}};
+  }
   return object.dump(2) + "\n";
 }
 
@@ -155,6 +195,17 @@ std::optional<std::string> ParseShimSpec(const std::string& text, ShimSpec& spec
     object.at("limits_applied").get_to(spec.limits_applied);
     object.at("limits_warning").get_to(spec.limits_warning);
     object.at("created_at_ms").get_to(spec.created_at_ms);
+    if (auto id = object.find("container_id"); id != object.end()) {
+      id->get_to(spec.container_id);
+      const json& containers = object.at("containers");
+      containers.at("runtime").get_to(spec.containers.runtime);
+      containers.at("init").get_to(spec.containers.init);
+      containers.at("image_cache_dir").get_to(spec.containers.images.dir);
+      containers.at("image_cache_max_bytes").get_to(spec.containers.images.max_bytes);
+      containers.at("podman").get_to(spec.containers.images.podman);
+      containers.at("prepare_timeout_ms").get_to(spec.containers.images.prepare_timeout_ms);
+      containers.at("cdi_dirs").get_to(spec.containers.cdi_dirs);
+    }
   });
 }
 

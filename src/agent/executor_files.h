@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "agent/cgroups.h"
+#include "agent/container_runtime.h"
 #include "agent/workload.h"
 #include "core/types.h"
 
@@ -32,7 +33,12 @@ struct WorkloadPaths {
   std::string stderr_log;
   std::string shim_log;
   std::string default_workdir;
-  std::string tmp;  // the workload's private TMPDIR
+  std::string tmp;     // the workload's private TMPDIR
+  std::string phase;   // what a starting workload waits for ("preparing image ..."), by the shim
+  std::string bundle;  // a container's OCI bundle: config.json
+  std::string rootfs;  // its root: an overlay of the cached image with `upper` on top
+  std::string upper;
+  std::string overlay_work;
 
   static WorkloadPaths For(const std::string& workload_dir);
 };
@@ -47,6 +53,9 @@ struct ShimSpec {
   bool limits_applied = false;
   std::string limits_warning;
   TimeMs created_at_ms = 0;
+  // Containers only: how to run them on this node, and the runtime's name for this one.
+  ContainerRuntimeConfig containers;
+  std::string container_id;
 };
 
 // shim.pid and workload.pgid.

@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -25,6 +26,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "agent/container_runtime.h"
 #include "agent/executor_files.h"
 #include "agent/executor_util.h"
 #include "agent/log_rotation.h"
@@ -46,6 +48,8 @@ constexpr size_t kPipeReadBytes = 64 * 1024;
 // After the workload's main process ends, how long to wait for its output pipes to close.
 constexpr TimeMs kDrainTimeoutMs = 2000;
 constexpr TimeMs kDrainPollMs = 100;
+// The OCI runtime's PATH (for its hooks): nothing of the workload's.
+constexpr const char* kShimPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 // What the forked child reports through the CLOEXEC pipe when it fails before or at exec.
 enum ChildStage : int32_t {
@@ -59,6 +63,7 @@ enum ChildStage : int32_t {
   kStageKeepVisible = 8,  // item: which of MountPlan::visible
   kStageDevShm = 9,
   kStageHideDevice = 10,  // item: which of MountPlan::hidden
+  kStageRootfs = 11,      // a container's overlay root
 };
 struct ChildFailure {
   int32_t stage = 0;
@@ -236,6 +241,9 @@ class Shim {
   std::optional<TimeMs> runtime_end_;  // monotonic: max_runtime expires then
   FinalStatus final_;
   bool status_recorded_ = false;
+  bool container_ = false;  // the spec names an image
+  bool container_killed_ = false;
+  ContainerStart container_start_;
 };
 
 int Shim::Run() {
@@ -263,6 +271,7 @@ int Shim::Run() {
     return 1;
   }
   paths_ = WorkloadPaths::For(spec_.workload_dir);
+  container_ = !spec_.container_id.empty();
   // Like any daemon: do not pin the agent's working directory (paths in the spec are absolute).
   if (::chdir("/") != 0) Log("chdir /: {}", ErrnoText(errno));
   if (!Start()) return status_recorded_ ? 0 : 1;
@@ -310,38 +319,72 @@ bool Shim::Start() {
     }
   }
 
-  // Resolve the command as execvp would, with the workload's PATH: execvp itself is not
-  // async-signal-safe, execve is.
-  std::string path_env;
-  for (const std::string& entry : spec_.env)
-    if (entry.rfind("PATH=", 0) == 0) path_env = entry.substr(5);
-  int resolve_error = 0;
-  auto executable =
-      executor_internal::ResolveCommand(workload.argv[0], path_env, spec_.workdir, resolve_error);
-  if (!executable) {
-    FailToStart(fmt::format("exec '{}': {} (searched PATH={})", workload.argv[0],
-                            ErrnoText(resolve_error), path_env));
-    return false;
+  // The process seam: a plain process runs the workload's argv; a container runs the OCI
+  // runtime over a bundle (container_runtime.h), which runs the argv inside.
+  std::optional<std::string> executable;
+  std::vector<std::string> exec_argv = workload.argv;
+  std::vector<std::string> exec_env = spec_.env;
+  if (container_) {
+    auto progress = [&](const std::string& line) {
+      Log("{}", line);
+      if (line.rfind("pulling", 0) != 0 && line.rfind("preparing", 0) != 0) return;
+      // The executor shows it as what the workload waits for, and stops waiting itself.
+      if (auto error = WriteFileAtomically(paths_.phase, line)) Log("record the phase: {}", *error);
+      NotifyReady(ready_fd_, "preparing\n");
+    };
+    if (auto error = PrepareContainerStart(spec_, paths_, container_start_, progress)) {
+      FailToStart(*error);
+      return false;
+    }
+    ::unlink(paths_.phase.c_str());
+    if (::access(paths_.cancel.c_str(), F_OK) == 0) {
+      FailToStart("cancelled while its image was prepared");
+      return false;
+    }
+    // One of the same name left by a shim that was killed outright would block `run`.
+    DeleteContainer(spec_);
+    executable = container_start_.runtime;
+    exec_argv = container_start_.argv;
+    exec_env = {std::string("PATH=") + kShimPath};
+    Log("{}", container_start_.description);
+  } else {
+    // Resolve the command as execvp would, with the workload's PATH: execvp itself is not
+    // async-signal-safe, execve is.
+    std::string path_env;
+    for (const std::string& entry : spec_.env)
+      if (entry.rfind("PATH=", 0) == 0) path_env = entry.substr(5);
+    int resolve_error = 0;
+    executable =
+        executor_internal::ResolveCommand(workload.argv[0], path_env, spec_.workdir, resolve_error);
+    if (!executable) {
+      FailToStart(fmt::format("exec '{}': {} (searched PATH={})", workload.argv[0],
+                              ErrnoText(resolve_error), path_env));
+      return false;
+    }
   }
 
   // Everything the child needs exists before fork: it may only make async-signal-safe calls.
   std::vector<char*> argv;
-  for (const std::string& arg : workload.argv)
+  for (const std::string& arg : exec_argv)
     argv.push_back(const_cast<char*>(arg.c_str()));
   argv.push_back(nullptr);
   std::vector<char*> envp;
-  for (const std::string& entry : spec_.env)
+  for (const std::string& entry : exec_env)
     envp.push_back(const_cast<char*>(entry.c_str()));
   envp.push_back(nullptr);
-  const char* workdir = spec_.workdir.c_str();
+  // The runtime runs in the bundle, as root: it switches to the container's user itself.
+  const char* workdir = container_ ? container_start_.bundle.c_str() : spec_.workdir.c_str();
   const char* exec_path = executable->c_str();
-  const std::optional<WorkloadUser>& run_as = workload.run_as;
+  const std::optional<WorkloadUser>& run_as = container_ ? std::nullopt : workload.run_as;
   const std::vector<gid_t> groups =
       run_as ? std::vector<gid_t>(run_as->groups.begin(), run_as->groups.end())
              : std::vector<gid_t>();
+  const bool container = container_;
+  const char* rootfs = container_start_.rootfs.c_str();
+  const char* overlay_options = container_start_.overlay_options.c_str();
 
   MountPlan mount_plan;
-  if (auto error = PlanMounts(mount_plan)) {
+  if (auto error = container ? std::nullopt : PlanMounts(mount_plan)) {
     FailToStart(*error);
     return false;
   }
@@ -351,7 +394,10 @@ bool Shim::Start() {
     for (int& fd : cgroup_fds)
       CloseFd(fd);
   };
-  for (const std::string& file : CgroupProcsFiles(spec_.cgroup)) {
+  // A container's runtime puts the container's init into the cgroup itself (cgroupsPath), and
+  // removes the cgroup when it is done: it must not sit in it then.
+  for (const std::string& file :
+       container ? std::vector<std::string>() : CgroupProcsFiles(spec_.cgroup)) {
     int fd = ::open(file.c_str(), O_WRONLY | O_CLOEXEC);
     if (fd < 0) {
       int err = errno;
@@ -401,7 +447,13 @@ bool Shim::Start() {
         ::dup2(err_pipe[1], STDERR_FILENO) < 0)
       ChildFail(report, kStageStdio, errno);
     // As root still: mounts need CAP_SYS_ADMIN, which the workload's user never has.
-    if (workload.isolation.mount_namespace) ApplyMountPlan(mount_plan, report);
+    if (workload.isolation.mount_namespace && !container) ApplyMountPlan(mount_plan, report);
+    // The container's root: the image with a layer of its own on top, mounted in a namespace of
+    // the runtime's, so it goes away with the container's last process.
+    if (container && (::unshare(CLONE_NEWNS) != 0 ||
+                      ::mount(nullptr, "/", nullptr, MS_REC | MS_SLAVE, nullptr) != 0 ||
+                      ::mount("overlay", rootfs, "overlay", 0, overlay_options) != 0))
+      ChildFail(report, kStageRootfs, errno);
     // Groups, then gid, then uid: after setuid nothing else could be dropped. No new privileges
     // from then on: a setuid binary (sudo) does not make the workload root again.
     if (run_as && (::setgroups(groups.size(), groups.data()) != 0 || ::setgid(run_as->gid) != 0 ||
@@ -472,6 +524,10 @@ bool Shim::Start() {
         break;
       case kStageDevShm:
         what = "mount a private /dev/shm";
+        break;
+      case kStageRootfs:
+        what = fmt::format("mount the container's root {} ({})", container_start_.rootfs,
+                           container_start_.overlay_options);
         break;
       case kStageHideDevice:
         what = fmt::format("hide {}", static_cast<size_t>(failure.item) < mount_plan.hidden.size()
@@ -664,6 +720,11 @@ void Shim::KillLeftovers() {
   ::kill(-pid_, SIGKILL);
   for (int32_t member : CgroupMembers(spec_.cgroup))
     ::kill(member, SIGKILL);
+  // Without a cgroup of ours, the container's processes are found through the runtime only.
+  if (container_ && spec_.cgroup.dirs.empty() && !container_killed_) {
+    container_killed_ = true;
+    KillContainer(spec_);
+  }
 }
 
 void Shim::Supervise() {
@@ -721,6 +782,15 @@ void Shim::Finish() {
     CloseFd(err_read_);
   }
   ReapMainProcess();
+  if (container_) {
+    // `run` removes its container when it exits itself; not when it was killed.
+    DeleteContainer(spec_);
+    if (container_start_.image.lock_fd >= 0) ::close(container_start_.image.lock_fd);
+    container_start_.image.lock_fd = -1;
+    std::error_code ignored;
+    for (const std::string& dir : {paths_.upper, paths_.overlay_work, paths_.rootfs})
+      std::filesystem::remove_all(dir, ignored);
+  }
   final_.state = WorkloadState::kExited;
   if (WIFEXITED(wait_status_)) {
     final_.exit_code = WEXITSTATUS(wait_status_);

@@ -87,9 +87,12 @@ std::optional<std::string> ValidateWorkloadSpec(const WorkloadSpec& spec) {
     for (const std::string& path : *paths)
       if (path.empty() || path[0] != '/' || HasNul(path) || path.find("/../") != std::string::npos)
         return fmt::format("isolation path '{}' is not a plain absolute path", path);
-  if (!spec.isolation.mount_namespace &&
+  if (!spec.isolation.mount_namespace && spec.container.image.empty() &&
       !(spec.isolation.hidden_devices.empty() && spec.isolation.keep_visible.empty()))
     return "hidden devices and kept paths need a mount namespace";
+  if (auto error = ValidateContainerSpec(spec.container)) return *error;
+  if (spec.container.image.empty() && !spec.cdi_devices.empty())
+    return "CDI devices are given to containers only";
   return std::nullopt;
 }
 

@@ -11,6 +11,7 @@
 
 #include "agent/cgroups.h"
 #include "agent/log_rotation.h"
+#include "core/container.h"
 #include "core/types.h"
 
 namespace gpufleet::agent {
@@ -67,7 +68,11 @@ struct WorkloadSpec {
   // them), its default workdir and private TMPDIR owned by it and closed to others. Unset: as
   // the agent.
   std::optional<WorkloadUser> run_as;
-  WorkloadIsolation isolation;
+  WorkloadIsolation isolation;  // processes only: a container is isolated by its runtime
+  // An image: the workload runs in a container from it (docs/containers.md), its argv resolved
+  // in the image, workdir a path inside it. run_as, when set, is the user inside.
+  ContainerSpec container;
+  std::vector<std::string> cdi_devices;  // a container's GPUs: "nvidia.com/gpu=GPU-..."
 };
 
 // Returns why the spec cannot be run, or nothing.

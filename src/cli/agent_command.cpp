@@ -79,6 +79,30 @@ void AddBackendOptions(CLI::App& command, AgentArgs& args) {
                   "root agent)")
       ->capture_default_str();
   command
+      .add_option("--oci-runtime", args.oci_runtime,
+                  "OCI runtime for jobs that name an image: auto (crun, or runc where crun "
+                  "cannot run), runc, crun or a path")
+      ->capture_default_str();
+  command
+      .add_option("--container-init", args.container_init,
+                  "Bound into each container as PID 1 to pass signals on and reap (tini); none: "
+                  "the command is PID 1")
+      ->capture_default_str();
+  command.add_option("--image-cache-dir", args.image_cache_dir,
+                     "Unpacked images, shared by the node's containers (default: "
+                     "<data-dir>/images)");
+  command
+      .add_option("--image-cache-size", args.image_cache_size,
+                  "Unused images are removed, least recently used first, above this size")
+      ->capture_default_str();
+  command
+      .add_option("--cdi-dir", args.cdi_dir,
+                  "Where the agent writes its GPUs' CDI spec (read after /etc/cdi)")
+      ->capture_default_str();
+  command.add_option("--sim-device-dir", args.sim_device_dir,
+                     "With --sim-gpus: give each simulated GPU a device file DIR/nvidiaN (needs "
+                     "root), so device isolation can be tried without GPUs");
+  command
       .add_option("--mps-control", args.mps_control,
                   "The CUDA MPS control program (looked up in PATH without a '/')")
       ->capture_default_str();
@@ -132,6 +156,18 @@ std::optional<agent::AgentOptions> CoreOptions(const AgentArgs& args) {
     return std::nullopt;
   }
   options.workload_isolation = *isolation;
+  options.oci_runtime = args.oci_runtime;
+  options.container_init = args.container_init;
+  options.image_cache_dir = args.image_cache_dir;
+  auto cache_mib = agent::ParseMemoryMib(args.image_cache_size);
+  if (!cache_mib || *cache_mib <= 0) {
+    fmt::print(stderr, "error: --image-cache-size '{}': expected a size such as 20Gi\n",
+               args.image_cache_size);
+    return std::nullopt;
+  }
+  options.image_cache_max_bytes = *cache_mib * 1024 * 1024;
+  options.cdi_dir = args.cdi_dir;
+  options.sim_device_dir = args.sim_device_dir;
   return options;
 }
 
@@ -291,12 +327,12 @@ int RunDaemon(const AgentArgs& args) {
   // One line that says what this agent is; scripts read the address from it.
   fmt::print(
       "gpufleet agent {}: backend {}, {}, listening on {}://{}, data dir {}, sampling "
-      "every {}, {}, GPU shares {}, workloads run as {}, workload isolation {}\n",
+      "every {}, {}, GPU shares {}, workloads run as {}, workload isolation {}, containers {}\n",
       kVersion, BackendDescription(*core), core->DescribeGpus(),
       args.tls_cert.empty() ? "http" : "https", server->address(), core->data_dir(),
       FormatInterval(core->sample_interval_ms()), mode,
       agent::GpuSharingModeName(core->gpu_sharing()), core->DescribeWorkloadUser(),
-      core->DescribeWorkloadIsolation());
+      core->DescribeWorkloadIsolation(), core->DescribeContainers());
   for (const std::string& note : core->startup_notes())
     fmt::print("  {}\n", note);
   if (loop && IsLoopback(loop_options.address)) {
@@ -515,12 +551,37 @@ int RunLocal(const AgentArgs& args) {
     }
     request.env[entry.substr(0, equals)] = entry.substr(equals + 1);
   }
-  std::error_code fs_error;
-  // Like a shell: the command runs where it was typed, unless told otherwise.
-  request.workdir = std::filesystem::absolute(args.workdir.empty() ? "." : args.workdir, fs_error)
-                        .lexically_normal()
-                        .string();
-  if (request.workdir.size() > 1 && request.workdir.back() == '/') request.workdir.pop_back();
+  request.container.image = args.image;
+  request.container.user = args.user;
+  for (const std::string& text : args.mounts) {
+    std::string error;
+    auto mount = ParseContainerMount(text, error);
+    if (!mount) {
+      fmt::print(stderr, "error: --mount {}\n", error);
+      return kExitUsage;
+    }
+    request.container.mounts.push_back(std::move(*mount));
+  }
+  if (auto error = ValidateContainerSpec(request.container)) {
+    fmt::print(stderr, "error: {}\n", *error);
+    return kExitUsage;
+  }
+  if (!args.image.empty()) {
+    // Inside the container: the image's paths, not ours.
+    if (!args.workdir.empty() && args.workdir.front() != '/') {
+      fmt::print(stderr, "error: --workdir '{}': with --image, give a path inside the container\n",
+                 args.workdir);
+      return kExitUsage;
+    }
+    request.workdir = args.workdir;
+  } else {
+    std::error_code fs_error;
+    // Like a shell: the command runs where it was typed, unless told otherwise.
+    request.workdir = std::filesystem::absolute(args.workdir.empty() ? "." : args.workdir, fs_error)
+                          .lexically_normal()
+                          .string();
+    if (request.workdir.size() > 1 && request.workdir.back() == '/') request.workdir.pop_back();
+  }
 
   const sigset_t stop_signals = BlockStopSignals();
   const int signal_fd = ::signalfd(-1, &stop_signals, SFD_CLOEXEC | SFD_NONBLOCK);
@@ -834,6 +895,12 @@ CLI::App* AddAgentCommand(CLI::App& app, AgentArgs& args) {
   args.run->add_option("--env", args.env, "NAME=VALUE for the command's environment (repeatable)")
       ->allow_extra_args(false);  // one value per --env, so the command cannot be swallowed
   args.run->add_option("--workdir", args.workdir, "Directory to run in (default: the current one)");
+  args.run->add_option("--image", args.image,
+                       "Run it in a container from this image (a reference, or an image "
+                       "archive's absolute path)");
+  args.run->add_option("--mount", args.mounts, "SOURCE:TARGET[:ro|rw] with --image (repeatable)")
+      ->allow_extra_args(false);
+  args.run->add_option("--user", args.user, "UID[:GID] inside the container");
   args.run->add_flag("--keep", args.keep, "Keep the workload's directory and logs afterwards");
   AddBackendOptions(*args.run, args);
   args.run->add_option("command", args.command, "The command and its arguments, after --");

@@ -25,6 +25,12 @@ struct AgentArgs {
   std::string mps_control = "nvidia-cuda-mps-control";
   std::string workload_user = "auto";
   std::string workload_isolation = "auto";
+  std::string oci_runtime = "auto";
+  std::string container_init = "/usr/bin/tini-static";
+  std::string image_cache_dir;  // empty: <data-dir>/images
+  std::string image_cache_size = "20Gi";
+  std::string cdi_dir = "/var/run/cdi";
+  std::string sim_device_dir;
   // The control plane (daemon only): without --server the agent is standalone.
   std::string server;
   std::string token;  // else --token-file, else $GPUFLEET_TOKEN
@@ -53,6 +59,9 @@ struct AgentArgs {
   std::string max_runtime;
   std::vector<std::string> env;
   std::string workdir;
+  std::string image;  // agent run in a container
+  std::vector<std::string> mounts;
+  std::string user;
   bool keep = false;
   std::vector<std::string> command;
 

@@ -180,6 +180,8 @@ int RunDev(const DevArgs& args) {
   // The caller's own machine and jobs, run as the caller (like `agent run`): the node's /tmp and
   // devices stay theirs to share. A production agent (root) gives each workload its own.
   agent_options.workload_isolation = agent::WorkloadIsolationMode::kNone;
+  // The dev cluster's GPUs are its own: their CDI spec stays in its directory.
+  agent_options.cdi_dir = (dir / "agent" / "cdi").string();
   agent_options.log = log_to("agent");
   std::string simulated_because;
   auto opened = agent::AgentCore::Open(agent_options);
@@ -327,6 +329,7 @@ int RunDev(const DevArgs& args) {
       "the admin token)\n"
       "  metrics     {}/metrics (scheduler, API)  http://{}/metrics (GPUs, dcgm-exporter names)\n"
       "  GPUs        {}\n"
+      "  containers  {}\n"
       "  scheduler   {}\n"
       "  state       {} ({}), logs under {}\n"
       "  admin token {}  (saved in {}, which the CLI reads)\n"
@@ -339,9 +342,9 @@ int RunDev(const DevArgs& args) {
       "{}"
       "Ctrl-C stops the cluster; its jobs and nodes are kept in {} for the next start.\n",
       kVersion, server->url(), inference->url(), server->url(), agent_server->address(), gpus,
-      DescribeScheduler(server_options.scheduler), dir.string(), server->store_description(),
-      (dir / "agent").string(), *admin_token, client_file.string(), self, self, self, self,
-      serving_hint, dir.string());
+      core->DescribeContainers(), DescribeScheduler(server_options.scheduler), dir.string(),
+      server->store_description(), (dir / "agent").string(), *admin_token, client_file.string(),
+      self, self, self, self, serving_hint, dir.string());
   for (const std::string& note : core->startup_notes())
     fmt::print("  note: {}\n", note);
   std::fflush(stdout);

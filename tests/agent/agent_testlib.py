@@ -160,6 +160,16 @@ def kill_recorded_workloads(data_dir):
                 os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    # Containers outlive their shim, as they would on a node: remove the ones under data_dir.
+    for spec_path in glob.glob(os.path.join(data_dir, "workloads", "*", "spec.json")):
+        try:
+            with open(spec_path) as file:
+                spec = json.load(file)
+        except (OSError, ValueError):
+            continue
+        if spec.get("container_id"):
+            subprocess.run([spec["containers"]["runtime"], "delete", "--force",
+                            spec["container_id"]], capture_output=True, timeout=30)
 
 
 def free_port():
