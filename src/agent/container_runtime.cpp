@@ -1,7 +1,6 @@
 #include "agent/container_runtime.h"
 
 #include <cstdlib>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <sys/stat.h>
@@ -15,17 +14,15 @@
 namespace gpufleet::agent {
 namespace {
 
+// As execvp would find it in the agent's PATH.
 std::optional<std::string> FindInPath(const std::string& name) {
+  // A path is taken as given by ResolveCommand; here it must also be runnable.
   if (name.find('/') != std::string::npos)
     return ::access(name.c_str(), X_OK) == 0 ? std::optional<std::string>(name) : std::nullopt;
   const char* path = std::getenv("PATH");
-  std::istringstream dirs(path ? path : "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin");
-  std::string dir;
-  while (std::getline(dirs, dir, ':')) {
-    std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return std::nullopt;
+  int err = 0;
+  return executor_internal::ResolveCommand(
+      name, path ? path : "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin", "/", err);
 }
 
 // "runc version 1.1.5+ds1" / "crun version 1.8.1" -> "runc 1.1.5+ds1".
