@@ -12,10 +12,13 @@ mkdir -p "$dir"
 
 build() {  # name, extra packages
   local name=$1 include=$2
-  [[ -s "$dir/$name.tar" ]] && return 0
+  [[ -f "$dir/$name.tar" && -s "$dir/$name.tar" ]] && return 0
   echo "test-images: building $dir/$name.tar (mmdebstrap bookworm minbase${include:+ + $include})"
-  local args=(--variant=minbase --mode=root --quiet)
+  # --format: the .partial name would otherwise make mmdebstrap write a directory.
+  local args=(--variant=minbase --mode=root --format=tar --quiet)
   [[ -n "$include" ]] && args+=(--include="$include")
+  # A build cut off leaves its partial file; --one-file-system keeps rm out of any mount left in it.
+  rm -rf --one-file-system "$dir/$name.tar.partial"
   mmdebstrap "${args[@]}" bookworm "$dir/$name.tar.partial" "$mirror"
   mv "$dir/$name.tar.partial" "$dir/$name.tar"
 }
