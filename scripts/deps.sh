@@ -17,7 +17,10 @@ packages=(
   # Containers: the OCI runtimes (crun, and runc where crun refuses the cgroups), tini as the
   # containers' init, podman for image references, mmdebstrap for the tests' images.
   runc crun tini podman mmdebstrap
+  chromium  # the dashboard's tests drive it headless (tests/web)
 )
+# Node.js runs the dashboard's browser test; a machine that has one already keeps it.
+command -v node >/dev/null || packages+=(nodejs npm)
 # `scripts/deps.sh fuzz` (make fuzz): libFuzzer comes with clang.
 if [[ "${1:-}" == "fuzz" ]]; then
   packages+=(clang-14 libfuzzer-14-dev)
@@ -29,16 +32,23 @@ for package in "${packages[@]}"; do
   [[ "$status" == "install ok installed" ]] || missing+=("$package")
 done
 
-if ((${#missing[@]} == 0)); then
-  exit 0
+if ((${#missing[@]} > 0)); then
+  echo "deps: installing ${missing[*]}"
+  if [[ $(id -u) -ne 0 ]]; then
+    sudo=sudo
+  else
+    sudo=
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-echo "deps: installing ${missing[*]}"
-if [[ $(id -u) -ne 0 ]]; then
-  sudo=sudo
-else
-  sudo=
+# The browser test's driver, from the npm registry at the version package-lock.json pins
+# (playwright-core drives the system's chromium and downloads no browser of its own).
+web="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests/web"
+if [[ ! -d "$web/node_modules/playwright-core" ||
+      "$web/package-lock.json" -nt "$web/node_modules/.package-lock.json" ]]; then
+  echo "deps: npm ci in tests/web (playwright-core, for the dashboard's browser test)"
+  (cd "$web" && npm ci --no-audit --no-fund --loglevel=error)
 fi
-export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -324,6 +324,7 @@ int RunDev(const DevArgs& args) {
   gpus += fmt::format("; GPU shares {}", agent::GpuSharingModeName(core->gpu_sharing()));
   fmt::print(
       "gpufleet dev {}: a one-machine cluster is up\n"
+      "  dashboard   {}/  (log in with the admin token below)\n"
       "  API         {}/api/v1\n"
       "  gateway     {} (deployments' OpenAI API: /v1/completions, /d/NAME/...; /metrics with "
       "the admin token)\n"
@@ -341,10 +342,11 @@ int RunDev(const DevArgs& args) {
       "  {} top\n"
       "{}"
       "Ctrl-C stops the cluster; its jobs and nodes are kept in {} for the next start.\n",
-      kVersion, server->url(), inference->url(), server->url(), agent_server->address(), gpus,
-      core->DescribeContainers(), DescribeScheduler(server_options.scheduler), dir.string(),
-      server->store_description(), (dir / "agent").string(), *admin_token, client_file.string(),
-      self, self, self, self, serving_hint, dir.string());
+      kVersion, server->url(), server->url(), inference->url(), server->url(),
+      agent_server->address(), gpus, core->DescribeContainers(),
+      DescribeScheduler(server_options.scheduler), dir.string(), server->store_description(),
+      (dir / "agent").string(), *admin_token, client_file.string(), self, self, self, self,
+      serving_hint, dir.string());
   for (const std::string& note : core->startup_notes())
     fmt::print("  note: {}\n", note);
   std::fflush(stdout);

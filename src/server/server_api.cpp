@@ -22,6 +22,7 @@
 #include "sched/scheduler.h"
 #include "server/lifecycle.h"
 #include "server/server_impl.h"
+#include "server/web_assets.h"
 
 namespace gpufleet::server {
 
@@ -851,6 +852,27 @@ void Sync(Impl& s, const HttpRequest& request, const Caller&, HttpResponder resp
       std::move(wake));
 }
 
+// ---- The dashboard ------------------------------------------------------------------------------
+
+// The dashboard's own files hold no data, so they are served without a token, like any web app's
+// code; everything they show comes through the API and its authorisation. The policy lets the page
+// run only its own scripts and styles and talk only to this server; no framing, no referrer.
+HttpResponse DashboardFile(std::string_view path) {
+  const WebAsset* asset = FindWebAsset(path);
+  if (!asset) return HttpResponse::Error(404, fmt::format("the dashboard has no file {}", path));
+  HttpResponse response =
+      HttpResponse::Text(200, std::string(asset->body), std::string(asset->content_type));
+  response.headers = {
+      {"Content-Security-Policy",
+       "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+       "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"},
+      {"X-Content-Type-Options", "nosniff"},
+      {"X-Frame-Options", "DENY"},
+      {"Referrer-Policy", "no-referrer"},
+      {"Cache-Control", "no-cache"}};
+  return response;
+}
+
 // ---- Health and metrics -----------------------------------------------------------------------
 
 HttpResponse Healthz() {
@@ -1192,6 +1214,10 @@ void Server::Impl::AddRoutes() {
   router.Add("GET", "/healthz", [](const HttpRequest&) { return Healthz(); });
   router.Add("GET", "/readyz", [this](const HttpRequest&) { return Readyz(*this); });
   router.Add("GET", "/metrics", [this](const HttpRequest&) { return Metrics(*this); });
+  router.Add("GET", "/", [](const HttpRequest&) { return DashboardFile("/index.html"); });
+  router.Add("GET", "/ui/{file}", [](const HttpRequest& request) {
+    return DashboardFile("/" + request.PathParam("file"));
+  });
 
   auto api = [this](std::string method, std::string_view pattern,
                     std::initializer_list<Role> role_list, Handler handler) {
